@@ -1,0 +1,110 @@
+//! The one way in: every front end (HTTP server, daemonless CLI, tests)
+//! drives sandboxes through this trait.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mayfly_types::{
+    CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
+    ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo, StartProcessRequest,
+};
+use tokio::sync::mpsc;
+
+use crate::EngineError;
+
+/// Who is asking, recorded in the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+impl Caller {
+    pub fn new(s: impl Into<String>) -> Self {
+        Caller(s.into())
+    }
+}
+
+/// A streamed exec: events in order, ending with exactly one `ExecEvent::Exit`
+/// (or with the channel closing if the sandbox died underneath it).
+pub type ExecStream = mpsc::Receiver<ExecEvent>;
+
+/// The result of a tar upload.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct UploadSummary {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+}
+
+#[async_trait]
+pub trait SandboxApi: Send + Sync + 'static {
+    async fn create(&self, req: CreateRequest, caller: &Caller) -> Result<SandboxInfo, EngineError>;
+    async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError>;
+    /// Live sandboxes, or all recorded ones with `all`.
+    async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError>;
+    /// Idempotent: destroying a destroyed sandbox returns its record.
+    async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError>;
+
+    async fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        caller: &Caller,
+    ) -> Result<ExecResult, EngineError>;
+    async fn exec_stream(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        caller: &Caller,
+    ) -> Result<ExecStream, EngineError>;
+
+    async fn start_process(
+        &self,
+        id: &SandboxId,
+        req: StartProcessRequest,
+        caller: &Caller,
+    ) -> Result<ProcessInfo, EngineError>;
+    async fn list_processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, EngineError>;
+    /// Waits up to `timeout_ms` (or forever) and returns the process's state.
+    async fn wait_process(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+        timeout_ms: Option<u64>,
+    ) -> Result<ProcessInfo, EngineError>;
+    async fn process_output(&self, id: &SandboxId, handle: u64)
+        -> Result<ProcessOutput, EngineError>;
+    async fn signal_process(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+        signal: i32,
+    ) -> Result<ProcessInfo, EngineError>;
+
+    async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError>;
+    async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: Bytes,
+        mode: Option<u32>,
+    ) -> Result<FileStat, EngineError>;
+    async fn stat(&self, id: &SandboxId, path: &str) -> Result<FileStat, EngineError>;
+    async fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<FileStat>, EngineError>;
+    async fn mkdir(&self, id: &SandboxId, req: MkdirRequest) -> Result<FileStat, EngineError>;
+    async fn remove(&self, id: &SandboxId, path: &str, recursive: bool)
+        -> Result<(), EngineError>;
+    async fn rename(&self, id: &SandboxId, req: RenameRequest) -> Result<(), EngineError>;
+    /// Unpacks a tar archive into directory `dir` inside the sandbox.
+    async fn upload_tar(
+        &self,
+        id: &SandboxId,
+        dir: &str,
+        tar: Bytes,
+    ) -> Result<UploadSummary, EngineError>;
+    /// Packs `path` (a file or a directory) inside the sandbox into a tar archive.
+    async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError>;
+
+    /// Lifecycle events with a sequence number above `since`.
+    async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, EngineError>;
+    /// The exec audit trail of one sandbox.
+    async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, EngineError>;
+}

@@ -1,0 +1,65 @@
+//! The engine's error, rolled up from each module's own error.
+
+use mayfly_types::{ErrorCode, SandboxId, SandboxState};
+
+/// Everything a [`crate::SandboxApi`] call can fail with.
+///
+/// Each variant knows its [`ErrorCode`]; front ends map that code to a status
+/// and show `Display` as the message, except for internal errors, which get a
+/// generic message and are logged once by the server.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request is malformed or out of range.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("sandbox {0} does not exist")]
+    NoSuchSandbox(SandboxId),
+    #[error("sandbox {id} has no process {handle}")]
+    NoSuchProcess { id: SandboxId, handle: u64 },
+    #[error("sandbox {id} is {state:?}, not ready")]
+    NotReady { id: SandboxId, state: SandboxState },
+    #[error("command `{argv0}` could not be started in sandbox {id}: {reason}")]
+    ExecFailed {
+        id: SandboxId,
+        argv0: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    Files(#[from] crate::files::FilesError),
+    #[error("host limit reached: {0}")]
+    Exhausted(String),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error(transparent)]
+    Store(#[from] mayfly_store::StoreError),
+}
+
+impl EngineError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::Invalid(_) => ErrorCode::InvalidArgument,
+            EngineError::NoSuchSandbox(_) | EngineError::NoSuchProcess { .. } => {
+                ErrorCode::NotFound
+            }
+            EngineError::NotReady { .. } => ErrorCode::Conflict,
+            EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,
+            EngineError::Files(e) => e.code(),
+            EngineError::Exhausted(_) => ErrorCode::ResourceExhausted,
+            EngineError::ShuttingDown => ErrorCode::Unavailable,
+            EngineError::Internal(_) | EngineError::Store(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The `{code, message}` body a front end shows for this error.
+    pub fn to_api(&self) -> mayfly_types::ApiError {
+        let code = self.code();
+        let message = if code == ErrorCode::Internal {
+            "internal error; see the daemon's log".to_owned()
+        } else {
+            self.to_string()
+        };
+        mayfly_types::ApiError::new(code, message)
+    }
+}

@@ -1,0 +1,1 @@
+//! Cgroup appliers (stub: being written).

@@ -1,0 +1,1 @@
+//! Root-confined file operations (stub: being written).

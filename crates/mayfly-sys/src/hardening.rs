@@ -1,0 +1,1 @@
+//! Per-process hardening: capabilities, rlimits, no_new_privs, seccomp (stub).

@@ -1,0 +1,36 @@
+//! Audit and lifecycle records, as the store keeps them and the API shows them.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::UnixMillis;
+
+/// A lifecycle event (`created`, `ready`, `destroyed`, `failed`, `reaped`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    /// Monotonic sequence number, for `?since=`.
+    pub seq: i64,
+    pub at: UnixMillis,
+    pub sandbox_id: Option<String>,
+    pub kind: String,
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+/// One exec, as the audit trail records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ExecAudit {
+    pub sandbox_id: String,
+    pub at: UnixMillis,
+    pub argv: Vec<String>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// Set when the command could not be started at all.
+    pub error: Option<String>,
+    pub duration_us: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Who asked: `unix:uid=1000`, `tcp:token`, `cli:pid=123`.
+    pub caller: String,
+}

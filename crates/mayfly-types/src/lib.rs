@@ -1,0 +1,30 @@
+//! Wire and spec types shared by every Mayfly crate.
+//!
+//! This crate performs no I/O. Everything here is plain data plus validation,
+//! so it can be used by the daemon, the client, the CLI and the tests alike.
+
+mod bytes;
+mod error;
+mod event;
+mod exec;
+mod files;
+mod id;
+mod limits;
+mod sandbox;
+
+pub use bytes::Bytes64;
+pub use error::{ApiError, ErrorCode};
+pub use event::{Event, ExecAudit};
+pub use exec::{
+    ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, ProcessOutput, ProcessState,
+    SignalRequest, StartProcessRequest, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT, MAX_TIMEOUT_MS,
+};
+pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, MAX_FILE_BYTES};
+pub use id::{IdError, SandboxId};
+pub use limits::{LimitError, Limits, ResolvedLimits};
+pub use sandbox::{
+    CreateRequest, SandboxInfo, SandboxList, SandboxState, TemplateError, TemplateRef, TtlError,
+};
+
+/// Milliseconds since the Unix epoch; the one time unit on the wire.
+pub type UnixMillis = u64;
