@@ -1,1 +1,296 @@
-fn main() {}
+//! `mayfly-bench`: Mayfly's speed and density, measured in one run side by
+//! side with bubblewrap, runc and podman. See docs/BENCHMARKS.md.
+//!
+//! ```sh
+//! bash bench/peers-setup.sh
+//! mayfly-bench all --mayfly target/release/mayfly --out docs/BENCHMARKS.md
+//! ```
+
+mod api;
+mod daemon;
+mod density;
+mod host;
+mod report;
+mod spawn;
+mod stats;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use api::Ledger;
+use daemon::{Daemon, Scratch};
+use host::{command_line, sandbox_traces, Host};
+use report::Report;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mayfly-bench",
+    about = "Benchmarks Mayfly against bubblewrap, runc and podman."
+)]
+struct Cli {
+    #[command(subcommand)]
+    measure: Measure,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+enum Measure {
+    /// Every measure below, in one run.
+    All,
+    /// Cold create→ready, destroy and full cleanup, through the API.
+    Create,
+    /// Exec round trip of `true` through the API, against a plain fork+exec.
+    Exec,
+    /// Daemonless `mayfly run -- /bin/true` against bwrap, runc, podman, unshare.
+    Run,
+    /// Memory per sandbox with many sandboxes alive at once.
+    Density,
+}
+
+#[derive(Debug, Args)]
+struct Opts {
+    /// The `mayfly` binary to measure.
+    #[arg(long, global = true, default_value = "target/release/mayfly")]
+    mayfly: PathBuf,
+    /// Measured iterations of each latency loop.
+    #[arg(long, global = true, default_value_t = 200)]
+    iterations: usize,
+    /// Iterations run first and thrown away.
+    #[arg(long, global = true, default_value_t = 5)]
+    warmup: usize,
+    /// Measured podman runs (it takes ~200 ms each); 0 leaves podman out.
+    #[arg(long, global = true, default_value_t = 20)]
+    podman_iterations: usize,
+    /// Sandboxes alive at once for the density measure.
+    #[arg(long, global = true, default_value_t = 1000)]
+    sandboxes: usize,
+    /// The runc bundle made by bench/peers-setup.sh.
+    #[arg(
+        long,
+        global = true,
+        default_value = "/var/lib/mayfly-bench/runc-bundle"
+    )]
+    bundle: PathBuf,
+    /// The podman image made by bench/peers-setup.sh.
+    #[arg(
+        long,
+        global = true,
+        default_value = "localhost/mayfly-bench-busybox:latest"
+    )]
+    image: String,
+    /// Also write the report here: markdown, or JSON if the name ends in `.json`.
+    #[arg(long, global = true)]
+    out: Option<PathBuf>,
+    /// Also write the JSON report here.
+    #[arg(long, global = true)]
+    json: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mayfly-bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("mayfly-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the chosen measures, writes the report; `Ok(false)` if any measure
+/// failed (the report says which).
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let o = &cli.opts;
+    let mayfly = std::fs::canonicalize(&o.mayfly)
+        .with_context(|| format!("no mayfly binary at {}", o.mayfly.display()))?;
+    let command = std::env::args()
+        .map(|a| shell_quote(&a))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut report = Report::new(host::machine(), versions(&mayfly), command);
+    let mut ok = true;
+    let m = cli.measure;
+    if matches!(m, Measure::All | Measure::Run) {
+        let setup = spawn::PeerSetup {
+            mayfly: mayfly.clone(),
+            bundle: o.bundle.clone(),
+            image: o.image.clone(),
+            podman_iterations: o.podman_iterations,
+        };
+        eprintln!(
+            "mayfly-bench: run -- /bin/true against the peers, {} iterations",
+            o.iterations
+        );
+        if let Err(e) = spawn::measure(&setup, o.iterations, o.warmup, &mut report) {
+            report.note(format!("The `mayfly run` comparison failed: {e:#}"));
+            ok = false;
+        }
+    }
+    if m != Measure::Run {
+        ok &= api_measures(m, o, &mayfly, &mut report).await?;
+    }
+    let md = report.markdown();
+    println!("{md}");
+    let json = serde_json::to_string_pretty(&report.json())?;
+    if let Some(out) = &o.out {
+        let text = if out.extension().is_some_and(|e| e == "json") {
+            &json
+        } else {
+            &md
+        };
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    }
+    if let Some(out) = &o.json {
+        std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(ok)
+}
+
+/// The measures that need a daemon: one daemon for all of them, stopped at
+/// the end, then a check that nothing the bench created is left.
+async fn api_measures(
+    m: Measure,
+    o: &Opts,
+    mayfly: &Path,
+    report: &mut Report,
+) -> anyhow::Result<bool> {
+    let scratch = Scratch::new("daemon")?;
+    let host = Host::default();
+    let mut ledger = Ledger::default();
+    let max = (o.sandboxes + 8).max(4096) as u32;
+    let mut d = match Daemon::start(mayfly, &scratch.path, max).await {
+        Ok(d) => d,
+        Err(e) => {
+            report.note(format!(
+                "The daemon could not be started, so no API or density measure ran: {e:#}"
+            ));
+            return Ok(false);
+        }
+    };
+    let mut ok = true;
+    let (n, w) = (o.iterations, o.warmup);
+    if matches!(m, Measure::All | Measure::Create) {
+        eprintln!("mayfly-bench: create/destroy through the API, {n} iterations");
+        if let Err(e) = api::lifecycle(&d, &host, n, w, &mut ledger, report).await {
+            report.note(format!("The create/destroy measure failed: {e:#}"));
+            ok = false;
+        }
+    }
+    if matches!(m, Measure::All | Measure::Exec) {
+        eprintln!("mayfly-bench: exec round trips, {n} iterations");
+        if let Err(e) = api::exec(&d, n, w, &mut ledger, report).await {
+            report.note(format!("The exec measure failed: {e:#}"));
+            ok = false;
+        }
+    }
+    if matches!(m, Measure::All | Measure::Density) {
+        eprintln!("mayfly-bench: {} sandboxes alive at once", o.sandboxes);
+        if let Err(e) = density::measure(&d, &host, o.sandboxes, &mut ledger, report).await {
+            report.note(format!("The density measure failed: {e:#}"));
+            ok = false;
+        }
+    }
+    if let Err(e) = d.stop(Duration::from_secs(120)).await {
+        report.note(format!("Stopping the daemon: {e:#}"));
+        ok = false;
+    }
+    ok &= leak_check(&host, &d, &ledger, &scratch.path, report);
+    Ok(ok)
+}
+
+/// After the daemon stopped: no directory, cgroup, process or mount of any
+/// sandbox this bench created may remain.
+fn leak_check(
+    host: &Host,
+    d: &Daemon,
+    ledger: &Ledger,
+    scratch: &Path,
+    report: &mut Report,
+) -> bool {
+    let paths: Vec<PathBuf> = ledger
+        .ids
+        .iter()
+        .flat_map(|id| sandbox_traces(host, &d.state_dir, id))
+        .filter(|p| p.exists())
+        .collect();
+    let procs: Vec<u32> = ledger
+        .init_pids
+        .iter()
+        .copied()
+        .filter(|p| host.alive(*p))
+        .collect();
+    let mounts = host.mounts_mentioning(&scratch.display().to_string());
+    let clean = paths.is_empty() && procs.is_empty() && mounts.is_empty();
+    if !clean {
+        report.note(format!(
+            "Leaks after the daemon stopped ({} sandboxes created): {} paths (e.g. {:?}), {} init pids still alive \
+             (e.g. {:?}), {} mounts (e.g. {:?}).",
+            ledger.ids.len(),
+            paths.len(),
+            paths.first(),
+            procs.len(),
+            procs.first(),
+            mounts.len(),
+            mounts.first()
+        ));
+    }
+    clean
+}
+
+fn versions(mayfly: &Path) -> std::collections::BTreeMap<&'static str, String> {
+    let mut v = std::collections::BTreeMap::new();
+    let git = command_line("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty = !command_line("git", &["status", "--porcelain"]).is_empty();
+    let mayfly_v = command_line(&mayfly.display().to_string(), &["--version"]);
+    let tree = if git.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (commit {git}{})",
+            if dirty { ", uncommitted changes" } else { "" }
+        )
+    };
+    v.insert(
+        "mayfly",
+        format!("{}{tree}", mayfly_v.trim_start_matches("mayfly ")),
+    );
+    for (k, args) in [
+        ("bwrap", &["--version"][..]),
+        ("runc", &["--version"]),
+        ("podman", &["--version"]),
+    ] {
+        let line = command_line(k, args);
+        let ver = line
+            .split_whitespace()
+            .find(|w| w.starts_with(|c: char| c.is_ascii_digit()));
+        v.insert(k, ver.unwrap_or("not installed").to_owned());
+    }
+    v
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+".contains(&b))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}

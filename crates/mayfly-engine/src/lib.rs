@@ -1,8 +1,19 @@
 //! Mayfly's engine: pure plans, thin appliers, and the sandbox lifecycle.
+//!
+//! A create flows: [`Engine`] validates and records it, computes the plans
+//! (`plan::cgroup`, `plan::mounts`, `template`), applies the host-side parts,
+//! and asks the zygote (`runtime::zygote`) to clone the sandbox's init
+//! (`runtime::init`), which finishes setup inside the new namespaces.
 
 pub mod api;
+mod engine;
 mod error;
 pub mod files;
+pub mod plan;
+pub mod runtime;
+pub mod template;
 
 pub use api::{Caller, ExecStream, SandboxApi, UploadSummary};
+pub use engine::{Engine, EngineConfig, RecoveryReport};
 pub use error::EngineError;
+pub use runtime::zygote::Zygote;

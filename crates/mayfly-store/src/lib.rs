@@ -1,7 +1,151 @@
-//! Mayfly's embedded store. (stub: being written)
+//! Mayfly's embedded store: sandboxes and their state-machine transitions,
+//! the exec audit trail, and events, in one SQLite file under the state
+//! directory.
+//!
+//! The daemon and a daemonless CLI may share the file at the same time, so
+//! every read-modify-write runs under `BEGIN IMMEDIATE` (the write lock is
+//! taken up front, and the busy timeout waits for it) instead of trusting
+//! the in-process mutex alone.
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+mod audit;
+mod error;
+mod migrate;
+mod row;
+mod sandboxes;
+#[cfg(test)]
+mod tests;
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mayfly_types::UnixMillis;
+use rusqlite::Connection;
+
+pub use error::StoreError;
+pub use sandboxes::{SandboxRecord, Transition};
+
+/// The database file's name inside the state directory.
+pub const DB_FILE: &str = "mayfly.db";
+
+/// How long a write waits for another process's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The source of "now", in milliseconds since the epoch.
+type Clock = Arc<dyn Fn() -> UnixMillis + Send + Sync>;
+
+/// A handle on the store. Cheap to share behind an `Arc`; every method takes
+/// `&self`.
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) `state_dir/mayfly.db` and migrates it.
+    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)
+            .map_err(|source| StoreError::CreateDir {
+                path: state_dir.to_owned(),
+                source,
+            })?;
+        let path = state_dir.join(DB_FILE);
+        // Create the file ourselves with mode 0600: SQLite gives the -wal and
+        // -shm files the mode of the database file, and the audit trail
+        // holds argv, which may carry secrets, whatever the umask is.
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| StoreError::CreateFile {
+                path: path.clone(),
+                source,
+            })?;
+        let conn = Connection::open(&path).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        Store::init(conn, path, true)
+    }
+
+    /// A private, empty store that lives as long as the handle; for tests
+    /// and for callers that want no persistence.
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory().map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        Store::init(conn, path, false)
+    }
+
+    /// Replaces the wall clock that timestamps transitions, the end of a
+    /// sandbox and events, so callers (and tests) can control time.
+    pub fn with_clock(self, clock: impl Fn() -> UnixMillis + Send + Sync + 'static) -> Store {
+        Store {
+            clock: Arc::new(clock),
+            ..self
+        }
+    }
+
+    fn init(mut conn: Connection, path: PathBuf, want_wal: bool) -> Result<Store, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: path.clone(),
+            source,
+        };
+        // The busy timeout comes first: switching to WAL needs a lock that
+        // another process opening the same file may hold for a moment.
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+        if want_wal {
+            let mode: String = conn
+                .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+                .map_err(open_err)?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::NoWal { path, mode });
+            }
+        }
+        // With WAL, NORMAL loses at most the last commits on power loss, never
+        // consistency; FULL would add an fsync to every create and exec.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "foreign_keys", true)
+            .map_err(open_err)?;
+        migrate::migrate(&mut conn, &path)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+            path,
+            clock: Arc::new(wall_clock),
+        })
+    }
+
+    /// The connection. A panic while it was held cannot leave a transaction
+    /// open (rusqlite rolls back on drop), so a poisoned lock is still safe.
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> UnixMillis {
+        (self.clock)()
+    }
+}
+
+fn wall_clock() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }

@@ -6,3 +6,23 @@
 pub mod cgroup;
 pub mod fs;
 pub mod hardening;
+pub mod ipc;
+pub mod mount;
+pub mod net;
+pub mod process;
+pub mod supervise;
+
+use std::ffi::CString;
+use std::path::Path;
+
+/// The errno of the last failed call, as an `io::Error`.
+pub(crate) fn last_errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// A path as a C string; interior NUL bytes are an `InvalidInput` error.
+pub(crate) fn cstr(path: &Path) -> std::io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))
+}

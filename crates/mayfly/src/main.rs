@@ -1,1 +1,71 @@
-fn main() {}
+//! `mayfly`: the daemon, the one-shot runner and the CLI, in one binary.
+//!
+//! Each subcommand is glue: parse arguments, call the engine (in process) or
+//! the daemon (through `mayfly-client`), print the answer.
+
+mod cli;
+mod cmd_cp;
+mod cmd_run;
+mod cmd_sandbox;
+mod cmd_serve;
+mod output;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mayfly: {e:#}");
+            output::exit_code_for(&e)
+        }
+    };
+    std::process::exit(code);
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    // The zygote must be forked while this process has exactly one thread,
+    // so it is started here, before the async runtime exists.
+    let needs_engine = match &cli.command {
+        Command::Serve(_) => true,
+        Command::Run(_) => !cli.daemon_reachable(),
+        _ => false,
+    };
+    let zygote = if needs_engine {
+        Some(mayfly_engine::Zygote::start()?)
+    } else {
+        None
+    };
+    init_tracing(matches!(cli.command, Command::Serve(_)));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(if needs_engine { 2 } else { 1 })
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve(ref a) => cmd_serve::serve(&cli, a, zygote.expect("zygote")).await,
+            Command::Run(ref a) => cmd_run::run(&cli, a, zygote).await,
+            Command::Create(ref a) => cmd_sandbox::create(&cli, a).await,
+            Command::Exec(ref a) => cmd_sandbox::exec(&cli, a).await,
+            Command::Ps(ref a) => cmd_sandbox::ps(&cli, a).await,
+            Command::Rm(ref a) => cmd_sandbox::rm(&cli, a).await,
+            Command::Inspect(ref a) => cmd_sandbox::inspect(&cli, a).await,
+            Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
+            Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
+            Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
+        }
+    })
+}
+
+fn init_tracing(daemon: bool) {
+    let default = if daemon { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MAYFLY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

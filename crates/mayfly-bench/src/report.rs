@@ -1,0 +1,380 @@
+//! The report: series of samples, notes, the density result, and how to
+//! print them as markdown (docs/BENCHMARKS.md) and JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::density::{Density, FIELDS};
+use crate::stats::{paired_ratio_median, Samples, Summary};
+
+/// Every series the bench can produce, in report order, with its label.
+const MEASURES: [(&str, &str); 12] = [
+    ("create", "create→ready, API round trip"),
+    ("create_daemon", "create→ready, daemon's own `create_ms`"),
+    ("destroy", "destroy, API returns"),
+    ("cleanup", "destroy, full cleanup"),
+    ("exec", "exec `true`, API round trip"),
+    ("exec_daemon", "exec `true`, daemon's own `duration_us`"),
+    ("fork_exec", "fork+exec `/bin/true` (floor)"),
+    ("run_mayfly", "`mayfly run -- /bin/true`, daemonless"),
+    ("run_bwrap", "`bwrap --unshare-all … /bin/true`"),
+    ("run_runc", "`runc run` (busybox bundle)"),
+    ("run_podman", "`podman --runtime runc run --rm`"),
+    ("run_unshare", "`unshare -U -m -p -n -i -u --fork` (floor)"),
+];
+
+const MIB: f64 = 1024.0;
+
+/// Everything one run measured.
+#[derive(Debug, Default)]
+pub struct Report {
+    series: BTreeMap<&'static str, Samples>,
+    notes: Vec<String>,
+    pub density: Option<Density>,
+    pub machine: BTreeMap<&'static str, String>,
+    pub versions: BTreeMap<&'static str, String>,
+    pub command: String,
+}
+
+/// One line of the targets table: the measured value and whether it passes.
+struct Verdict {
+    measure: &'static str,
+    target: &'static str,
+    measured: String,
+    met: Option<bool>,
+}
+
+impl Report {
+    pub fn new(
+        machine: BTreeMap<&'static str, String>,
+        versions: BTreeMap<&'static str, String>,
+        command: String,
+    ) -> Report {
+        Report {
+            machine,
+            versions,
+            command,
+            ..Report::default()
+        }
+    }
+
+    pub fn add(&mut self, key: &'static str, samples: Samples) {
+        debug_assert!(
+            MEASURES.iter().any(|(k, _)| *k == key),
+            "unknown series {key}"
+        );
+        if !samples.is_empty() {
+            self.series.insert(key, samples);
+        }
+    }
+
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
+    fn get(&self, key: &str) -> Option<Summary> {
+        self.series.get(key).and_then(Samples::summary)
+    }
+
+    fn p50(&self, key: &str) -> Option<f64> {
+        self.get(key).map(|s| s.p50)
+    }
+
+    /// `a / b` of p50s and the median per-iteration ratio.
+    fn ratio(&self, a: &str, b: &str) -> Option<(f64, Option<f64>)> {
+        let r = self.p50(a)? / self.p50(b)?;
+        Some((
+            r,
+            paired_ratio_median(self.series.get(a)?, self.series.get(b)?),
+        ))
+    }
+
+    fn verdicts(&self) -> Vec<Verdict> {
+        let mut v = Vec::new();
+        let mut push = |measure, target, got: Option<(String, bool)>| {
+            let (measured, met) =
+                got.map_or(("not measured".to_owned(), None), |(m, ok)| (m, Some(ok)));
+            v.push(Verdict {
+                measure,
+                target,
+                measured,
+                met,
+            });
+        };
+        push(
+            "cold create→ready",
+            "p50 ≤ 5 ms, p99 ≤ 20 ms",
+            self.get("create").map(|s| {
+                (
+                    format!("p50 {} ms, p99 {} ms", ms(s.p50), ms(s.p99)),
+                    s.p50 <= 5.0 && s.p99 <= 20.0,
+                )
+            }),
+        );
+        push(
+            "exec round trip of `true`",
+            "p50 ≤ fork+exec p50 + 1 ms",
+            self.p50("exec").zip(self.p50("fork_exec")).map(|(e, f)| {
+                (
+                    format!("{} − {} = +{} ms", ms(e), ms(f), ms(e - f)),
+                    e - f <= 1.0,
+                )
+            }),
+        );
+        push(
+            "destroy, API returns",
+            "≤ 2 ms (judged on p50)",
+            self.get("destroy").map(|s| {
+                (
+                    format!("p50 {} ms, p99 {} ms", ms(s.p50), ms(s.p99)),
+                    s.p50 <= 2.0,
+                )
+            }),
+        );
+        push(
+            "destroy, full cleanup",
+            "≤ 50 ms (judged on p50)",
+            self.get("cleanup").map(|s| {
+                (
+                    format!("p50 {} ms, p99 {} ms", ms(s.p50), ms(s.p99)),
+                    s.p50 <= 50.0,
+                )
+            }),
+        );
+        push(
+            "`mayfly run` vs bwrap",
+            "≤ 1.0× (ratio of p50s)",
+            self.ratio("run_mayfly", "run_bwrap")
+                .map(|(r, pm)| (ratio_text(r, pm), r <= 1.0)),
+        );
+        push(
+            "`mayfly run` vs podman",
+            "≥ 30× faster (ratio of p50s)",
+            self.ratio("run_podman", "run_mayfly")
+                .map(|(r, pm)| (ratio_text(r, pm), r >= 30.0)),
+        );
+        if let Some(d) = &self.density {
+            let (a, m) = (
+                d.attributed_per_sandbox_kib() / MIB,
+                d.available_per_sandbox_kib() / MIB,
+            );
+            push(
+                "sandboxes alive, attributed",
+                "≤ 2 MiB each",
+                Some((format!("{a:.2} MiB each ({} alive)", d.alive), a <= 2.0)),
+            );
+            push(
+                "sandboxes alive, MemAvailable drop",
+                "≤ 2 MiB each",
+                Some((format!("{m:.2} MiB each ({} alive)", d.alive), m <= 2.0)),
+            );
+        } else {
+            push("sandboxes alive", "≤ 2 MiB each", None);
+        }
+        v
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut o = String::from(include_str!("method.md"));
+        let m = |k: &str| self.machine.get(k).cloned().unwrap_or_default();
+        let _ = writeln!(o, "\n## Results\n\nMeasured on {}.\n", m("date"));
+        let _ = writeln!(
+            o,
+            "- **Machine:** Linux {}, {} vCPUs ({}), {} memory, cgroups {}.",
+            m("kernel"),
+            m("nproc"),
+            m("cpu"),
+            m("memory"),
+            m("cgroups")
+        );
+        let vers: Vec<String> = self
+            .versions
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(o, "- **Versions:** {}.", vers.join(", "));
+        let _ = writeln!(o, "- **Reproduce** (as root, from the repository root):\n\n  ```sh\n  cargo build --release -p mayfly -p mayfly-bench\n  bash bench/peers-setup.sh\n  {}\n  ```", self.command);
+
+        o.push_str("\n### Against the targets\n\n| measure | target | measured | met |\n| --- | --- | --- | --- |\n");
+        for v in self.verdicts() {
+            let met = match v.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "—",
+            };
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {met} |",
+                v.measure, v.target, v.measured
+            );
+        }
+
+        o.push_str("\n### Latency (milliseconds)\n\n| measure | N | p50 | p95 | p99 | max |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+        for (key, label) in MEASURES {
+            if let Some(s) = self.get(key) {
+                let _ = writeln!(
+                    o,
+                    "| {label} | {} | {} | {} | {} | {} |",
+                    s.n,
+                    ms(s.p50),
+                    ms(s.p95),
+                    ms(s.p99),
+                    ms(s.max)
+                );
+            }
+        }
+
+        o.push_str(
+            "\n### Ratios\n\n| ratio | of p50s | per-iteration median |\n| --- | ---: | ---: |\n",
+        );
+        for (a, b, label) in [
+            ("run_mayfly", "run_bwrap", "mayfly run / bwrap"),
+            ("run_mayfly", "run_unshare", "mayfly run / unshare floor"),
+            ("run_mayfly", "run_runc", "mayfly run / runc"),
+            ("run_podman", "run_mayfly", "podman / mayfly run"),
+            ("exec", "fork_exec", "exec over API / fork+exec"),
+        ] {
+            if let Some((r, pm)) = self.ratio(a, b) {
+                let pm = pm.map_or("—".to_owned(), |p| format!("{p:.2}×"));
+                let _ = writeln!(o, "| {label} | {r:.2}× | {pm} |");
+            }
+        }
+        if let Some((e, f)) = self.p50("exec").zip(self.p50("fork_exec")) {
+            let _ = writeln!(
+                o,
+                "| exec over API − fork+exec (p50s) | +{} ms | |",
+                ms(e - f)
+            );
+        }
+
+        if let Some(d) = &self.density {
+            self.density_md(&mut o, d);
+        }
+        o.push_str("\n### Notes\n\n");
+        if self.notes.is_empty() {
+            o.push_str("- Nothing failed, was skipped or leaked in this run.\n");
+        }
+        for n in &self.notes {
+            let _ = writeln!(o, "- {n}");
+        }
+        o
+    }
+
+    fn density_md(&self, o: &mut String, d: &Density) {
+        let n = d.alive.max(1) as f64;
+        let row = |o: &mut String, what: &str, kib: f64| {
+            let _ = writeln!(o, "| {what} | {:.1} MiB | {:.0} KiB |", kib / MIB, kib / n);
+        };
+        let _ = writeln!(
+            o,
+            "\n### {} sandboxes alive\n\nCreated one after another in {:.1} s; destroyed in {:.1} s; all cleaned up after {}.\n\n| quantity | total | per sandbox |\n| --- | ---: | ---: |",
+            d.alive,
+            d.create_total.as_secs_f64(),
+            d.destroy_total.as_secs_f64(),
+            d.cleanup_total.map_or("— (not within the limit)".to_owned(), |c| format!("{:.1} s", c.as_secs_f64())),
+        );
+        row(
+            o,
+            "daemon RSS growth",
+            (d.daemon_rss_kib.1 as f64) - d.daemon_rss_kib.0 as f64,
+        );
+        row(
+            o,
+            &format!("helper processes' PSS growth ({} helpers)", d.helpers),
+            d.helpers_pss_kib.1 as f64 - d.helpers_pss_kib.0 as f64,
+        );
+        row(o, "sandbox inits, PSS", d.inits_pss_kib as f64);
+        row(
+            o,
+            "sandbox inits, RSS (for reference)",
+            d.inits_rss_kib as f64,
+        );
+        for f in FIELDS {
+            row(o, &format!("`{f}` change"), d.delta(f) as f64);
+        }
+        row(
+            o,
+            "**attributed: daemon + inits + Slab/KernelStack/PageTables**",
+            d.attributed_per_sandbox_kib() * n,
+        );
+        row(
+            o,
+            "**MemAvailable drop**",
+            d.available_per_sandbox_kib() * n,
+        );
+        let _ = writeln!(
+            o,
+            "\nThe daemon's RSS was {:.1} MiB before and {:.1} MiB after.",
+            d.daemon_rss_kib.0 as f64 / MIB,
+            d.daemon_rss_kib.1 as f64 / MIB
+        );
+    }
+
+    pub fn json(&self) -> Value {
+        let measures: BTreeMap<&str, Value> = self
+            .series
+            .iter()
+            .filter_map(|(k, s)| {
+                let mut v = s.summary()?.to_json();
+                v["samples_ms"] = json!(s.values());
+                Some((*k, v))
+            })
+            .collect();
+        let verdicts: Vec<Value> = self
+            .verdicts()
+            .into_iter()
+            .map(|v| json!({"measure": v.measure, "target": v.target, "measured": v.measured, "met": v.met}))
+            .collect();
+        json!({
+            "machine": self.machine, "versions": self.versions, "command": self.command,
+            "measures": measures, "targets": verdicts,
+            "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
+        })
+    }
+}
+
+/// Milliseconds with three significant decimals below 1 ms, two above.
+fn ms(v: f64) -> String {
+    if v.abs() < 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn ratio_text(r: f64, paired: Option<f64>) -> String {
+    match paired {
+        Some(p) => format!("{r:.2}× (per-iteration median {p:.2}×)"),
+        None => format!("{r:.2}×"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(v: &[f64]) -> Samples {
+        let mut s = Samples::new();
+        v.iter().for_each(|x| s.push_ms(*x));
+        s
+    }
+
+    #[test]
+    fn verdicts_are_computed_from_the_samples() {
+        let mut r = Report::default();
+        r.add("create", series(&[3.0, 4.0, 30.0]));
+        r.add("run_mayfly", series(&[4.0, 5.0]));
+        r.add("run_bwrap", series(&[5.0, 6.0]));
+        let v = r.verdicts();
+        // p99 of [3, 4, 30] is 30 ms: the create target is missed.
+        assert_eq!(v[0].met, Some(false));
+        assert_eq!(v[4].met, Some(true));
+        // Nothing measured, nothing claimed.
+        assert_eq!(v[1].met, None);
+        assert!(r.markdown().contains(
+            "| `mayfly run` vs podman | ≥ 30× faster (ratio of p50s) | not measured | — |"
+        ));
+    }
+}

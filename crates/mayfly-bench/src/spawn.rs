@@ -1,0 +1,215 @@
+//! One-shot `/bin/true`, end to end, as a user would spawn it: daemonless
+//! `mayfly run` against bwrap, runc, podman and the bare namespace floor.
+//!
+//! The tools are interleaved round-robin, one run of each per iteration with
+//! the starting tool rotated, so that a burst of noise on this shared machine
+//! lands on all of them alike instead of on whichever ran during it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{ensure, Context};
+
+use crate::daemon::Scratch;
+use crate::report::Report;
+use crate::stats::Samples;
+
+/// Where the peers were prepared (see bench/peers-setup.sh).
+#[derive(Debug, Clone)]
+pub struct PeerSetup {
+    pub mayfly: PathBuf,
+    pub bundle: PathBuf,
+    pub image: String,
+    /// podman is ~200 ms a run: it runs on this many iterations only.
+    pub podman_iterations: usize,
+}
+
+/// Replaced by a unique container name in a peer's argv.
+const ID: &str = "{id}";
+
+struct Tool {
+    key: &'static str,
+    argv: Vec<String>,
+    /// Runs on iterations where `i % every == 0`.
+    every: usize,
+    samples: Samples,
+    failed: bool,
+}
+
+fn on_path(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The tools to compare, leaving out (with a note) the peers not set up.
+fn tools(setup: &PeerSetup, state: &Path, iterations: usize, report: &mut Report) -> Vec<Tool> {
+    let tool = |key, argv, every| Tool {
+        key,
+        argv,
+        every,
+        samples: Samples::new(),
+        failed: false,
+    };
+    let mayfly = setup.mayfly.display().to_string();
+    let state = state.display().to_string();
+    // The socket path names nothing, so `run` finds no daemon and runs the
+    // engine in-process: the daemonless path.
+    let socket = format!("{state}/no-daemon.sock");
+    let mut v = vec![tool(
+        "run_mayfly",
+        argv(&[
+            &mayfly,
+            "--state-dir",
+            &state,
+            "--socket",
+            &socket,
+            "run",
+            "--",
+            "/bin/true",
+        ]),
+        1,
+    )];
+    if on_path("bwrap") {
+        let a = "--ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc /bin/true";
+        let mut a: Vec<String> = a.split(' ').map(str::to_owned).collect();
+        a.insert(0, "bwrap".into());
+        v.push(tool("run_bwrap", a, 1));
+    } else {
+        report.note("bwrap is not installed: run bench/peers-setup.sh.");
+    }
+    if on_path("runc") && setup.bundle.join("config.json").is_file() {
+        let b = setup.bundle.display().to_string();
+        v.push(tool("run_runc", argv(&["runc", "run", "-b", &b, ID]), 1));
+    } else {
+        report.note(format!(
+            "runc or its bundle ({}) is missing: run bench/peers-setup.sh.",
+            setup.bundle.display()
+        ));
+    }
+    let have_image = on_path("podman")
+        && Command::new("podman")
+            .args(["image", "exists", &setup.image])
+            .status()
+            .is_ok_and(|s| s.success());
+    if have_image && setup.podman_iterations > 0 {
+        let every = (iterations / setup.podman_iterations).max(1);
+        let a = [
+            "podman",
+            "--runtime",
+            "runc",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            &setup.image,
+            "/bin/true",
+        ];
+        v.push(tool("run_podman", argv(&a), every));
+    } else if setup.podman_iterations > 0 {
+        report.note(format!(
+            "podman or its image {} is missing: run bench/peers-setup.sh.",
+            setup.image
+        ));
+    }
+    v.push(tool(
+        "run_unshare",
+        argv(&[
+            "unshare",
+            "-U",
+            "-m",
+            "-p",
+            "-n",
+            "-i",
+            "-u",
+            "--fork",
+            "/bin/true",
+        ]),
+        1,
+    ));
+    v
+}
+
+/// Runs the comparison and adds one series per tool to the report.
+pub fn measure(
+    setup: &PeerSetup,
+    iterations: usize,
+    warmup: usize,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    ensure!(
+        setup.mayfly.is_file(),
+        "no mayfly binary at {}",
+        setup.mayfly.display()
+    );
+    let scratch = Scratch::new("run")?;
+    let state = scratch.path.join("state");
+    let mut tools = tools(setup, &state, iterations, report);
+    let n = tools.len();
+    for i in 0..warmup + iterations {
+        for k in 0..n {
+            let t = &mut tools[(i + k) % n];
+            let due = i < warmup || (i - warmup) % t.every == 0;
+            if t.failed || !due {
+                continue;
+            }
+            let id = format!("mayfly-bench-{}-{i}", std::process::id());
+            let args: Vec<&str> = t.argv[1..]
+                .iter()
+                .map(|a| if a == ID { id.as_str() } else { a })
+                .collect();
+            let start = Instant::now();
+            let out = Command::new(&t.argv[0])
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output()
+                .with_context(|| format!("spawning {}", t.argv[0]))?;
+            let took = start.elapsed();
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let err: String = err.trim().chars().take(400).collect();
+                report.note(format!(
+                    "`{}` failed on iteration {i} ({}), so it was dropped from the comparison: {err}",
+                    t.argv.join(" "),
+                    out.status
+                ));
+                t.failed = true;
+                continue;
+            }
+            if i >= warmup {
+                t.samples.push(took);
+            }
+        }
+    }
+    for t in tools {
+        if !t.failed {
+            report.add(t.key, t.samples);
+        }
+    }
+    leftovers(&state, report);
+    Ok(())
+}
+
+/// A daemonless run must leave its state directory without sandboxes.
+fn leftovers(state: &Path, report: &mut Report) {
+    for sub in ["sandboxes", "trash"] {
+        let dir = state.join(sub);
+        let left = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        if left > 0 {
+            report.note(format!(
+                "Daemonless `mayfly run` left {left} entries in {}.",
+                dir.display()
+            ));
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! One method per API route.
+
+use bytes::Bytes;
+use http::Method;
+use mayfly_types::{
+    CreateRequest, Event, ExecAudit, ExecRequest, ExecResult, FileStat, MkdirRequest, ProcessInfo,
+    ProcessOutput, RenameRequest, SandboxId, SandboxInfo, SandboxList, SignalRequest,
+    StartProcessRequest,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{encode, json_body, Body, Client, ClientError, ExecStream};
+
+/// The result of a tar upload (mirrors the daemon's `UploadSummary`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadSummary {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+}
+
+fn sandbox(id: &SandboxId) -> String {
+    format!("/v1/sandboxes/{id}")
+}
+
+impl Client {
+    /// `POST /v1/sandboxes`: creates a sandbox and returns it once ready.
+    pub async fn create(&self, req: &CreateRequest) -> Result<SandboxInfo, ClientError> {
+        self.json(Method::POST, "/v1/sandboxes", json_body(req)?)
+            .await
+    }
+
+    /// `GET /v1/sandboxes/{id}`.
+    pub async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, ClientError> {
+        self.json(Method::GET, &sandbox(id), Body::Empty).await
+    }
+
+    /// `GET /v1/sandboxes`: live sandboxes, or every recorded one with `all`.
+    pub async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, ClientError> {
+        let path = if all {
+            "/v1/sandboxes?all=true"
+        } else {
+            "/v1/sandboxes"
+        };
+        let list: SandboxList = self.json(Method::GET, path, Body::Empty).await?;
+        Ok(list.sandboxes)
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`: idempotent; returns the final record.
+    pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, ClientError> {
+        self.json(Method::DELETE, &sandbox(id), Body::Empty).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec`: runs a command and returns its
+    /// buffered result.
+    pub async fn exec(&self, id: &SandboxId, req: &ExecRequest) -> Result<ExecResult, ClientError> {
+        let path = format!("{}/exec", sandbox(id));
+        self.json(Method::POST, &path, json_body(req)?).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec` with `Accept: text/event-stream`:
+    /// returns as soon as the command started; read its output as it is
+    /// produced with [`ExecStream::next_event`].
+    pub async fn exec_stream(
+        &self,
+        id: &SandboxId,
+        req: &ExecRequest,
+    ) -> Result<ExecStream, ClientError> {
+        let path = format!("{}/exec", sandbox(id));
+        let (resp, what) = self
+            .call(
+                Method::POST,
+                &path,
+                json_body(req)?,
+                Some("text/event-stream"),
+            )
+            .await?;
+        let is_sse = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        if !is_sse {
+            return Err(ClientError::Protocol {
+                request: what,
+                reason: "expected a text/event-stream answer".to_owned(),
+            });
+        }
+        Ok(ExecStream::new(resp.into_body(), what))
+    }
+
+    /// `POST /v1/sandboxes/{id}/processes`: starts a background command.
+    pub async fn start_process(
+        &self,
+        id: &SandboxId,
+        req: &StartProcessRequest,
+    ) -> Result<ProcessInfo, ClientError> {
+        let path = format!("{}/processes", sandbox(id));
+        self.json(Method::POST, &path, json_body(req)?).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/processes`.
+    pub async fn list_processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, ClientError> {
+        let path = format!("{}/processes", sandbox(id));
+        self.json(Method::GET, &path, Body::Empty).await
+    }
+
+    /// `POST …/processes/{handle}/wait`: waits for exit, or at most
+    /// `timeout_ms`, and returns the process's state.
+    pub async fn wait_process(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+        timeout_ms: Option<u64>,
+    ) -> Result<ProcessInfo, ClientError> {
+        let mut path = format!("{}/processes/{handle}/wait", sandbox(id));
+        if let Some(t) = timeout_ms {
+            path.push_str(&format!("?timeout_ms={t}"));
+        }
+        self.json(Method::POST, &path, Body::Empty).await
+    }
+
+    /// `GET …/processes/{handle}/output`: output so far, and the state.
+    pub async fn process_output(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+    ) -> Result<ProcessOutput, ClientError> {
+        let path = format!("{}/processes/{handle}/output", sandbox(id));
+        self.json(Method::GET, &path, Body::Empty).await
+    }
+
+    /// `POST …/processes/{handle}/kill`: sends `signal` (SIGKILL when `None`).
+    pub async fn signal_process(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+        signal: Option<i32>,
+    ) -> Result<ProcessInfo, ClientError> {
+        let path = format!("{}/processes/{handle}/kill", sandbox(id));
+        self.json(Method::POST, &path, json_body(&SignalRequest { signal })?)
+            .await
+    }
+
+    /// `GET …/files?path=P`: a file's bytes.
+    pub async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, ClientError> {
+        let p = format!("{}/files?path={}", sandbox(id), encode(path));
+        self.bytes(Method::GET, &p).await
+    }
+
+    /// `PUT …/files?path=P[&mode=M]`: writes (creates or truncates) a file.
+    pub async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: impl Into<Bytes>,
+        mode: Option<u32>,
+    ) -> Result<FileStat, ClientError> {
+        let mut p = format!("{}/files?path={}", sandbox(id), encode(path));
+        if let Some(mode) = mode {
+            p.push_str(&format!("&mode={mode:o}"));
+        }
+        let body = Body::Raw(data.into(), "application/octet-stream");
+        self.json(Method::PUT, &p, body).await
+    }
+
+    /// `GET …/files/stat?path=P`.
+    pub async fn stat(&self, id: &SandboxId, path: &str) -> Result<FileStat, ClientError> {
+        let p = format!("{}/files/stat?path={}", sandbox(id), encode(path));
+        self.json(Method::GET, &p, Body::Empty).await
+    }
+
+    /// `GET …/files/list?path=P`: a directory's entries.
+    pub async fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<FileStat>, ClientError> {
+        let p = format!("{}/files/list?path={}", sandbox(id), encode(path));
+        self.json(Method::GET, &p, Body::Empty).await
+    }
+
+    /// `POST …/files/mkdir`.
+    pub async fn mkdir(&self, id: &SandboxId, req: &MkdirRequest) -> Result<FileStat, ClientError> {
+        let p = format!("{}/files/mkdir", sandbox(id));
+        self.json(Method::POST, &p, json_body(req)?).await
+    }
+
+    /// `DELETE …/files?path=P[&recursive=true]`.
+    pub async fn remove(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        recursive: bool,
+    ) -> Result<(), ClientError> {
+        let mut p = format!("{}/files?path={}", sandbox(id), encode(path));
+        if recursive {
+            p.push_str("&recursive=true");
+        }
+        self.empty(Method::DELETE, &p, Body::Empty).await
+    }
+
+    /// `POST …/files/rename`.
+    pub async fn rename(&self, id: &SandboxId, req: &RenameRequest) -> Result<(), ClientError> {
+        let p = format!("{}/files/rename", sandbox(id));
+        self.empty(Method::POST, &p, json_body(req)?).await
+    }
+
+    /// `PUT …/archive?path=DIR`: unpacks a tar archive into `dir`.
+    pub async fn upload_tar(
+        &self,
+        id: &SandboxId,
+        dir: &str,
+        tar: impl Into<Bytes>,
+    ) -> Result<UploadSummary, ClientError> {
+        let p = format!("{}/archive?path={}", sandbox(id), encode(dir));
+        self.json(Method::PUT, &p, Body::Raw(tar.into(), "application/x-tar"))
+            .await
+    }
+
+    /// `GET …/archive?path=P`: a tar archive of a file or directory.
+    pub async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, ClientError> {
+        let p = format!("{}/archive?path={}", sandbox(id), encode(path));
+        self.bytes(Method::GET, &p).await
+    }
+
+    /// `GET /v1/events?since=N&limit=M`: lifecycle events after `since`.
+    pub async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, ClientError> {
+        let p = format!("/v1/events?since={since}&limit={limit}");
+        self.json(Method::GET, &p, Body::Empty).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/audit`: the exec audit trail.
+    pub async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, ClientError> {
+        let p = format!("{}/audit", sandbox(id));
+        self.json(Method::GET, &p, Body::Empty).await
+    }
+}

@@ -1,0 +1,251 @@
+//! [`SandboxApi`] for [`Engine`]: argument checks and dispatch to the verbs.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mayfly_types::{
+    CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
+    ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo, SandboxState,
+    StartProcessRequest,
+};
+use tokio::sync::mpsc;
+
+use super::destroy::record_to_info;
+use super::exec::{check_limits, Collected, CommandSpec, Sink};
+use super::sandbox::Sandbox;
+use super::Engine;
+use crate::api::{Caller, ExecStream, SandboxApi, UploadSummary};
+use crate::files::{FsLimits, SandboxFs};
+use crate::EngineError;
+
+impl Engine {
+    /// The sandbox's file view, opened on first use through init's root.
+    fn fs(&self, id: &SandboxId) -> Result<Arc<SandboxFs>, EngineError> {
+        let sb = self.lookup(id)?;
+        if let Some(fs) = sb.fs.get() {
+            return Ok(fs.clone());
+        }
+        let root = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(format!("/proc/{}/root", sb.init_pid))
+            .map_err(|e| EngineError::Internal(format!("opening the root of {id}: {e}")))?;
+        let fs = Arc::new(
+            SandboxFs::new(root.into(), sb.uid_base, FsLimits::default())
+                .map_err(EngineError::from)?,
+        );
+        Ok(sb.fs.get_or_init(|| fs).clone())
+    }
+
+    async fn with_fs<T: Send + 'static>(
+        &self,
+        id: &SandboxId,
+        f: impl FnOnce(&SandboxFs) -> Result<T, crate::files::FilesError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let fs = self.fs(id)?;
+        tokio::task::spawn_blocking(move || f(&fs))
+            .await
+            .map_err(|e| EngineError::Internal(format!("file operation panicked: {e}")))?
+            .map_err(EngineError::from)
+    }
+
+    async fn run_exec(
+        &self,
+        sb: &Arc<Sandbox>,
+        req: ExecRequest,
+        sink: Sink,
+        caller: &Caller,
+    ) -> Result<impl std::future::Future<Output = ExecResult> + Send + 'static, EngineError> {
+        let spec = CommandSpec {
+            argv: req.argv,
+            env: req.env,
+            cwd: req.cwd,
+            uid: req.uid,
+            gid: req.gid,
+        };
+        spec.validate()?;
+        let limit = check_limits(req.timeout_ms, req.output_limit)?;
+        let started = match self.start_command(sb, &spec).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.audit_exec(sb, &spec.argv, Err(&e), caller);
+                return Err(e);
+            }
+        };
+        let engine = self.clone();
+        let sb = sb.clone();
+        let caller = caller.clone();
+        let timeout = req.timeout_ms.map(Duration::from_millis);
+        let stdin = req.stdin.map(|b| b.0);
+        Ok(async move {
+            let out = [
+                Arc::new(std::sync::Mutex::new(Collected::default())),
+                Arc::new(std::sync::Mutex::new(Collected::default())),
+            ];
+            let r = engine
+                .pump(&sb, started, stdin, timeout, limit, sink, out)
+                .await;
+            engine.audit_exec(&sb, &spec.argv, Ok(&r), &caller);
+            r
+        })
+    }
+}
+
+#[async_trait]
+impl SandboxApi for Engine {
+    async fn create(&self, req: CreateRequest, caller: &Caller) -> Result<SandboxInfo, EngineError> {
+        self.create_sandbox(req, caller).await
+    }
+
+    async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError> {
+        self.info(id)
+    }
+
+    async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError> {
+        Ok(self
+            .inner
+            .store
+            .list_sandboxes(all)?
+            .into_iter()
+            .map(record_to_info)
+            .collect())
+    }
+
+    async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {
+        match self.lookup(id) {
+            Ok(sb) => {
+                tracing::debug!(%id, caller = %caller.0, "destroy");
+                self.destroy_sandbox(sb, "user").await
+            }
+            // Idempotent: a sandbox that already ended answers with its record.
+            Err(_) => {
+                let info = self.info(id)?;
+                if info.state.is_terminal() {
+                    Ok(info)
+                } else {
+                    Err(EngineError::NotReady {
+                        id: id.clone(),
+                        state: info.state,
+                    })
+                }
+            }
+        }
+    }
+
+    async fn exec(&self, id: &SandboxId, req: ExecRequest, caller: &Caller) -> Result<ExecResult, EngineError> {
+        let sb = self.live_ready(id)?;
+        let fut = self.run_exec(&sb, req, Sink::Buffer, caller).await?;
+        Ok(fut.await)
+    }
+
+    async fn exec_stream(&self, id: &SandboxId, req: ExecRequest, caller: &Caller) -> Result<ExecStream, EngineError> {
+        let sb = self.live_ready(id)?;
+        let (tx, rx) = mpsc::channel(64);
+        let fut = self.run_exec(&sb, req, Sink::Channel(tx.clone()), caller).await?;
+        tokio::spawn(async move {
+            let r = fut.await;
+            let _ = tx.send(ExecEvent::Exit(r)).await;
+        });
+        Ok(rx)
+    }
+
+    async fn start_process(&self, id: &SandboxId, req: StartProcessRequest, caller: &Caller) -> Result<ProcessInfo, EngineError> {
+        self.live_ready(id)?;
+        self.start_process_impl(id, req, caller).await
+    }
+
+    async fn list_processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, EngineError> {
+        self.list_processes_impl(id)
+    }
+
+    async fn wait_process(&self, id: &SandboxId, handle: u64, timeout_ms: Option<u64>) -> Result<ProcessInfo, EngineError> {
+        self.wait_process_impl(id, handle, timeout_ms).await
+    }
+
+    async fn process_output(&self, id: &SandboxId, handle: u64) -> Result<ProcessOutput, EngineError> {
+        self.process_output_impl(id, handle)
+    }
+
+    async fn signal_process(&self, id: &SandboxId, handle: u64, signal: i32) -> Result<ProcessInfo, EngineError> {
+        self.signal_process_impl(id, handle, signal)
+    }
+
+    async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
+        let path = path.to_owned();
+        self.with_fs(id, move |fs| fs.read(&path, mayfly_types::MAX_FILE_BYTES).map(Bytes::from))
+            .await
+    }
+
+    async fn write_file(&self, id: &SandboxId, path: &str, data: Bytes, mode: Option<u32>) -> Result<FileStat, EngineError> {
+        let path = path.to_owned();
+        self.with_fs(id, move |fs| fs.write(&path, &data, mode, 0)).await
+    }
+
+    async fn stat(&self, id: &SandboxId, path: &str) -> Result<FileStat, EngineError> {
+        let path = path.to_owned();
+        self.with_fs(id, move |fs| fs.stat(&path)).await
+    }
+
+    async fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<FileStat>, EngineError> {
+        let path = path.to_owned();
+        self.with_fs(id, move |fs| fs.list(&path)).await
+    }
+
+    async fn mkdir(&self, id: &SandboxId, req: MkdirRequest) -> Result<FileStat, EngineError> {
+        self.with_fs(id, move |fs| fs.mkdir(&req.path, req.parents, req.mode))
+            .await
+    }
+
+    async fn remove(&self, id: &SandboxId, path: &str, recursive: bool) -> Result<(), EngineError> {
+        let path = path.to_owned();
+        self.with_fs(id, move |fs| fs.remove(&path, recursive)).await
+    }
+
+    async fn rename(&self, id: &SandboxId, req: RenameRequest) -> Result<(), EngineError> {
+        self.with_fs(id, move |fs| fs.rename(&req.from, &req.to)).await
+    }
+
+    async fn upload_tar(&self, id: &SandboxId, dir: &str, tar: Bytes) -> Result<UploadSummary, EngineError> {
+        let dir = dir.to_owned();
+        self.with_fs(id, move |fs| fs.upload_tar(&dir, &tar))
+            .await
+    }
+
+    async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
+        let path = path.to_owned();
+        self.with_fs(id, move |fs| fs.download_tar(&path).map(Bytes::from))
+            .await
+    }
+
+    async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, EngineError> {
+        Ok(self.inner.store.events(since, limit.min(10_000))?)
+    }
+
+    async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, EngineError> {
+        self.info(id)?;
+        Ok(self.inner.store.execs(id)?)
+    }
+}
+
+impl Engine {
+    /// A live sandbox that can run commands (not stopping).
+    fn live_ready(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
+        match self.lookup(id) {
+            Ok(sb) if !sb.is_stopping() => Ok(sb),
+            Ok(_) => Err(EngineError::NotReady {
+                id: id.clone(),
+                state: SandboxState::Stopping,
+            }),
+            Err(e) => match self.info(id) {
+                Ok(info) => Err(EngineError::NotReady {
+                    id: id.clone(),
+                    state: info.state,
+                }),
+                Err(_) => Err(e),
+            },
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The engine's configuration, with embedded defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mayfly_sys::cgroup::CgroupLayout;
+use mayfly_types::ResolvedLimits;
+
+/// Host uids from here up are Mayfly's: slot `n` owns `[start + n·65536,
+/// start + (n+1)·65536)`. 2^30 is far above any distribution's subuid ranges.
+pub const UID_RANGE_START: u32 = 1 << 30;
+/// Ids per sandbox: a full 16-bit range, as container images expect.
+pub const UIDS_PER_SANDBOX: u32 = 65536;
+/// Slots that fit below 2^32 - 1 (the invalid uid).
+pub const MAX_SLOTS: u32 = ((u32::MAX - UID_RANGE_START) / UIDS_PER_SANDBOX) - 1;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Store, sandbox directories and templates live here.
+    pub state_dir: PathBuf,
+    /// Where the `host` template's system directories come from.
+    pub host_root: PathBuf,
+    pub default_limits: ResolvedLimits,
+    pub default_ttl: Duration,
+    pub max_ttl: Duration,
+    /// The most sandboxes alive at once (also bounded by the uid slots).
+    pub max_sandboxes: u32,
+    /// `None` discovers the layout from `/proc/self/mountinfo`.
+    pub cgroup_layout: Option<CgroupLayout>,
+    /// How long init may take to report ready.
+    pub setup_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            state_dir: PathBuf::from("/var/lib/mayfly"),
+            host_root: PathBuf::from("/"),
+            default_limits: ResolvedLimits::DEFAULT,
+            default_ttl: Duration::from_secs(600),
+            max_ttl: Duration::from_secs(24 * 3600),
+            max_sandboxes: 4096,
+            cgroup_layout: None,
+            setup_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.state_dir.join("sandboxes")
+    }
+
+    pub fn templates_dir(&self) -> PathBuf {
+        self.state_dir.join("templates")
+    }
+
+    pub fn trash_dir(&self) -> PathBuf {
+        self.state_dir.join("trash")
+    }
+
+    pub fn uid_base(slot: u32) -> u32 {
+        UID_RANGE_START + slot * UIDS_PER_SANDBOX
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.max_sandboxes.min(MAX_SLOTS)
+    }
+}

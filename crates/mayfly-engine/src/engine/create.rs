@@ -1,0 +1,285 @@
+//! Create: validate, record, lay out directories and cgroups, have the
+//! zygote clone init, wait for ready.
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use mayfly_store::SandboxRecord;
+use mayfly_types::{CreateRequest, SandboxId, SandboxInfo, SandboxState, TemplateRef};
+use tokio::io::unix::AsyncFd;
+
+use super::config::{EngineConfig, UIDS_PER_SANDBOX};
+use super::sandbox::Sandbox;
+use super::{now_ms, Engine};
+use crate::api::Caller;
+use crate::plan::{self, mounts};
+use crate::runtime::conn::InitConn;
+use crate::runtime::proto::SpawnPlan;
+use crate::template::{plan_layers, Layer};
+use crate::EngineError;
+
+/// Environment keys must be non-empty, without `=` or NUL.
+pub(crate) fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<(), EngineError> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(EngineError::Invalid(format!(
+                "environment variable name `{}` is invalid: it must be non-empty and contain neither `=` nor NUL",
+                k.escape_debug()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), EngineError> {
+    if labels.len() > 64 || labels.iter().any(|(k, v)| k.len() > 128 || v.len() > 1024) {
+        return Err(EngineError::Invalid(
+            "labels are limited to 64 entries, keys of 128 bytes and values of 1024 bytes".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn random_id() -> Result<SandboxId, EngineError> {
+    let mut b = [0u8; 12];
+    getrandom::fill(&mut b).map_err(|e| EngineError::Internal(format!("getrandom: {e}")))?;
+    Ok(SandboxId::from_entropy(b))
+}
+
+/// Per-sandbox directories: the mount point and one (upper, work) pair per layer.
+pub(crate) fn sandbox_dirs(cfg: &EngineConfig, id: &SandboxId, layers: usize) -> (PathBuf, PathBuf, Vec<(PathBuf, PathBuf)>) {
+    let dir = cfg.sandboxes_dir().join(id.as_str());
+    let rootfs = dir.join("rootfs");
+    let uppers = (0..layers)
+        .map(|i| (dir.join(format!("upper{i}")), dir.join(format!("work{i}"))))
+        .collect();
+    (dir, rootfs, uppers)
+}
+
+fn make_dirs(dir: &Path, rootfs: &Path, uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
+    let mut b = std::fs::DirBuilder::new();
+    // Traverse-only for others: init walks this path to its mount point
+    // after becoming the sandbox's root, which is not root on the host.
+    b.mode(0o711);
+    b.create(dir)?;
+    b.mode(0o755);
+    b.create(rootfs)?;
+    for (upper, work) in uppers {
+        b.create(upper)?;
+        // The merged root takes the upper's owner: the sandbox's root.
+        std::os::unix::fs::chown(upper, Some(uid_base), Some(uid_base))?;
+        b.create(work)?;
+    }
+    Ok(())
+}
+
+impl Engine {
+    pub(crate) async fn create_sandbox(
+        &self,
+        req: CreateRequest,
+        caller: &Caller,
+    ) -> Result<SandboxInfo, EngineError> {
+        let t0 = Instant::now();
+        let inner = &self.inner;
+        let cfg = &inner.cfg;
+        if inner.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let template = req.template.clone().unwrap_or(TemplateRef::Host);
+        if let TemplateRef::Dir(d) = &template {
+            if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
+                return Err(EngineError::Invalid(format!(
+                    "template directory `{}` does not exist or is not a directory",
+                    d.display()
+                )));
+            }
+        }
+        let ttl = match req.ttl_secs {
+            None => cfg.default_ttl.as_secs(),
+            Some(t) if t >= 1 && t <= cfg.max_ttl.as_secs() => t,
+            Some(t) => {
+                return Err(EngineError::Invalid(
+                    mayfly_types::TtlError {
+                        given_secs: t,
+                        max_secs: cfg.max_ttl.as_secs(),
+                    }
+                    .to_string(),
+                ))
+            }
+        };
+        let limits = cfg
+            .default_limits
+            .with(&req.limits)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        check_env(&req.env)?;
+        check_labels(&req.labels)?;
+        if self.live().len() as u32 >= cfg.slots() {
+            return Err(EngineError::Exhausted(format!(
+                "{} sandboxes are alive, the most this daemon allows",
+                cfg.slots()
+            )));
+        }
+
+        let id = random_id()?;
+        let now = now_ms();
+        let rec = SandboxRecord {
+            id: id.clone(),
+            state: SandboxState::Creating,
+            template: template.to_string(),
+            created_at: now,
+            expires_at: now + ttl * 1000,
+            limits,
+            labels: req.labels.clone(),
+            uid_slot: 0,
+            owner_pid: inner.owner.0,
+            owner_start: inner.owner.1,
+            init_pid: None,
+            reason: None,
+            create_ms: None,
+        };
+        let slot = inner.store.insert_sandbox(&rec, cfg.slots()).map_err(|e| match e {
+            mayfly_store::StoreError::SlotsExhausted { max } => {
+                EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
+            }
+            e => e.into(),
+        })?;
+        let uid_base = EngineConfig::uid_base(slot);
+        let layers = plan_layers(&template, &inner.skeleton, &inner.host);
+        let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let (dir, rootfs, uppers) = sandbox_dirs(cfg, &id, layers.len());
+        let env = base_env(&id, &req.env);
+
+        let result = self
+            .bring_up(&id, uid_base, &layers, &cgroup, &dir, &rootfs, &uppers, &limits, &env)
+            .await;
+        let (pid, pidfd, conn) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                self.cleanup_failed(&id, &cgroup, &dir).await;
+                let _ = inner
+                    .store
+                    .transition(&id, SandboxState::Failed, Some(&e.to_string()));
+                let _ = inner.store.add_event(
+                    Some(&id),
+                    "failed",
+                    &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
+                );
+                return Err(e);
+            }
+        };
+        let sb = Arc::new(Sandbox::new(
+            id.clone(),
+            uid_base,
+            pid,
+            rec.expires_at,
+            limits,
+            conn.clone(),
+            pidfd,
+            cgroup,
+            dir,
+            env,
+        ));
+        inner
+            .sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), sb.clone());
+        // When init's channel closes without a destroy, the sandbox died.
+        let engine = self.clone();
+        tokio::spawn(async move {
+            conn.run_reader().await;
+            if !sb.is_stopping() {
+                let _ = engine.destroy_sandbox(sb, "init_exited").await;
+            }
+        });
+        let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        inner.store.transition(&id, SandboxState::Ready, None)?;
+        inner.store.set_ready_info(&id, pid as u32, create_ms)?;
+        inner.store.add_event(
+            Some(&id),
+            "ready",
+            &serde_json::json!({"create_ms": create_ms, "caller": caller.0, "template": template.to_string()}),
+        )?;
+        self.info(&id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn bring_up(
+        &self,
+        id: &SandboxId,
+        uid_base: u32,
+        layers: &[Layer],
+        cgroup: &mayfly_sys::cgroup::CgroupPlan,
+        dir: &Path,
+        rootfs: &Path,
+        uppers: &[(PathBuf, PathBuf)],
+        limits: &mayfly_types::ResolvedLimits,
+        env: &[(String, String)],
+    ) -> Result<(i32, AsyncFd<std::os::fd::OwnedFd>, Arc<InitConn>), EngineError> {
+        let internal = |what: &str, e: &dyn std::fmt::Display| {
+            EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
+        };
+        make_dirs(dir, rootfs, uppers, uid_base).map_err(|e| internal("creating directories", &e))?;
+        mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("creating cgroups", &e))?;
+        let plan = SpawnPlan {
+            id: id.to_string(),
+            uid_base,
+            uid_count: UIDS_PER_SANDBOX,
+            cgroup_procs: cgroup
+                .sandbox_dirs
+                .iter()
+                .map(|d| d.join("cgroup.procs"))
+                .collect(),
+            layers: layers.to_vec(),
+            uppers: uppers.to_vec(),
+            rootfs: rootfs.to_path_buf(),
+            before_pivot: mounts::before_pivot(rootfs, limits),
+            after_pivot: mounts::after_pivot(),
+            rlimits: plan::hardening::default_rlimits(limits),
+            env: env.to_vec(),
+        };
+        let spawned = self
+            .inner
+            .zygote
+            .spawn(&plan)
+            .await
+            .map_err(|e| internal("spawning init", &e))?;
+        let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd).map_err(|e| internal("watching init", &e))?;
+        let conn = InitConn::new(spawned.ctl).map_err(|e| internal("connecting to init", &e))?;
+        let ready = tokio::time::timeout(self.inner.cfg.setup_timeout, conn.wait_ready()).await;
+        match ready {
+            Ok(Ok(())) => Ok((spawned.pid, pidfd, conn)),
+            Ok(Err(e)) => {
+                let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+                Err(internal("setting up", &e))
+            }
+            Err(_) => {
+                let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+                Err(internal("setting up", &"init did not report ready in time"))
+            }
+        }
+    }
+}
+
+/// The environment every command of a sandbox starts from.
+fn base_env(id: &SandboxId, extra: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        ("HOME", "/root"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "xterm"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    env.insert("HOSTNAME".into(), id.to_string());
+    env.insert("MAYFLY_SANDBOX_ID".into(), id.to_string());
+    for (k, v) in extra {
+        env.insert(k.clone(), v.clone());
+    }
+    env.into_iter().collect()
+}

@@ -1,0 +1,135 @@
+//! Destroy: kill init (and with it the whole pid namespace), remove the
+//! cgroups, and delete the sandbox's directories. Mounts need no unmounting:
+//! they exist only in the sandbox's mount namespace, which dies with it.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mayfly_sys::cgroup::CgroupPlan;
+use mayfly_types::{SandboxId, SandboxInfo, SandboxState, TemplateRef};
+
+use super::config::EngineConfig;
+use super::sandbox::Sandbox;
+use super::Engine;
+use crate::EngineError;
+
+impl Engine {
+    /// Destroys a live sandbox. Concurrent calls wait for the first to finish.
+    pub(crate) async fn destroy_sandbox(
+        &self,
+        sb: Arc<Sandbox>,
+        reason: &str,
+    ) -> Result<SandboxInfo, EngineError> {
+        if !sb.begin_stop() {
+            let notified = sb.destroyed.notified();
+            if !sb.done.load(Ordering::SeqCst) {
+                let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
+            }
+            return self.info(&sb.id);
+        }
+        let store = &self.inner.store;
+        let _ = store.transition(&sb.id, SandboxState::Stopping, Some(reason));
+        // Killing pid 1 of a pid namespace kills every process in it.
+        let _ = mayfly_sys::process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
+        let exited = tokio::time::timeout(Duration::from_secs(10), sb.pidfd.readable()).await;
+        if exited.is_err() {
+            tracing::error!(id = %sb.id, "init did not exit within 10 s of SIGKILL");
+        }
+        let cgroup = sb.cgroup.clone();
+        let removed = tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
+        let cgroup_ok = matches!(removed, Ok(Ok(())));
+        if !cgroup_ok {
+            tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
+        }
+        self.discard_dir(&sb.dir);
+        self.inner
+            .sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&sb.id);
+        let (state, why) = if cgroup_ok {
+            (SandboxState::Destroyed, reason.to_owned())
+        } else {
+            (SandboxState::Failed, format!("{reason}; cgroup removal failed"))
+        };
+        store.transition(&sb.id, state, Some(&why))?;
+        store.add_event(Some(&sb.id), "destroyed", &serde_json::json!({"reason": why}))?;
+        sb.done.store(true, Ordering::SeqCst);
+        sb.destroyed.notify_waiters();
+        self.info(&sb.id)
+    }
+
+    /// Moves a sandbox directory aside at once and deletes it in the
+    /// background, so destroy does not wait on a large upper layer.
+    pub(crate) fn discard_dir(&self, dir: &Path) {
+        let trash = self.inner.cfg.trash_dir();
+        let _ = std::fs::create_dir_all(&trash);
+        let name = dir.file_name().map(|n| n.to_owned()).unwrap_or_default();
+        let target = trash.join(name);
+        let doomed = if std::fs::rename(dir, &target).is_ok() {
+            target
+        } else {
+            dir.to_path_buf()
+        };
+        // remove_dir_all never follows symlinks, so an upper layer full of
+        // links planted by the sandbox cannot redirect it.
+        let task = tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_dir_all(&doomed);
+        });
+        let mut pending = self.inner.cleanups.lock().unwrap_or_else(|p| p.into_inner());
+        pending.retain(|t| !t.is_finished());
+        pending.push(task);
+    }
+
+    /// Waits until every directory removal started so far has finished.
+    pub async fn wait_cleanup(&self) {
+        let tasks: Vec<_> = std::mem::take(
+            &mut *self.inner.cleanups.lock().unwrap_or_else(|p| p.into_inner()),
+        );
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    pub(crate) async fn cleanup_failed(&self, id: &SandboxId, cgroup: &CgroupPlan, dir: &Path) {
+        let cgroup = cgroup.clone();
+        let _ = tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
+        if dir.exists() {
+            self.discard_dir(dir);
+        }
+        tracing::debug!(%id, "cleaned up after a failed create");
+    }
+
+    /// The public description of a sandbox, from the store.
+    pub(crate) fn info(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError> {
+        let rec = self
+            .inner
+            .store
+            .get_sandbox(id)?
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
+        Ok(record_to_info(rec))
+    }
+}
+
+pub(crate) fn record_to_info(rec: mayfly_store::SandboxRecord) -> SandboxInfo {
+    SandboxInfo {
+        template: rec.template.parse().unwrap_or(TemplateRef::Host),
+        uid_base: EngineConfig::uid_base(rec.uid_slot),
+        init_pid: if rec.state.is_terminal() {
+            None
+        } else {
+            rec.init_pid
+        },
+        id: rec.id,
+        state: rec.state,
+        created_at: rec.created_at,
+        expires_at: rec.expires_at,
+        limits: rec.limits,
+        labels: rec.labels,
+        reason: rec.reason,
+        create_ms: rec.create_ms,
+    }
+}

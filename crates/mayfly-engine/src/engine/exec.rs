@@ -1,0 +1,327 @@
+//! Exec: start a command through init, feed stdin, collect or stream its
+//! output byte-exactly, enforce the timeout, and audit the result.
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mayfly_types::{
+    Bytes64, ExecAudit, ExecEvent, ExecResult, ExitStatus, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT,
+    MAX_TIMEOUT_MS,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::sandbox::Sandbox;
+use super::{now_ms, Engine};
+use crate::api::Caller;
+use crate::runtime::conn::ExitInfo;
+use crate::runtime::proto::SpawnCommand;
+use crate::runtime::RuntimeError;
+use crate::EngineError;
+
+/// Total bytes of argv and env one command may carry.
+const MAX_COMMAND_BYTES: usize = 128 * 1024;
+/// How long output may keep flowing after the command has exited (a process
+/// that escaped its session can hold the pipe; we stop waiting for it).
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// A validated command.
+pub(crate) struct CommandSpec {
+    pub argv: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl CommandSpec {
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err(EngineError::Invalid("argv must name a program".into()));
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(EngineError::Invalid("argv must not contain NUL bytes".into()));
+        }
+        super::create::check_env(&self.env)?;
+        let size: usize = self.argv.iter().map(|a| a.len() + 1).sum::<usize>()
+            + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
+        if size > MAX_COMMAND_BYTES {
+            return Err(EngineError::Invalid(format!(
+                "argv and env total {size} bytes; the limit is {MAX_COMMAND_BYTES}"
+            )));
+        }
+        if let Some(cwd) = &self.cwd {
+            if !cwd.starts_with('/') || cwd.contains('\0') || cwd.len() > 4096 {
+                return Err(EngineError::Invalid(format!(
+                    "cwd `{}` must be an absolute path",
+                    cwd.escape_debug()
+                )));
+            }
+        }
+        for (name, v) in [("uid", self.uid), ("gid", self.gid)] {
+            if v.is_some_and(|v| v >= 65536) {
+                return Err(EngineError::Invalid(format!(
+                    "{name} must be below 65536 (the sandbox's id range)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn check_limits(timeout_ms: Option<u64>, output_limit: Option<u64>) -> Result<u64, EngineError> {
+    if timeout_ms.is_some_and(|t| t == 0 || t > MAX_TIMEOUT_MS) {
+        return Err(EngineError::Invalid(format!(
+            "timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"
+        )));
+    }
+    let limit = output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+    if limit > MAX_OUTPUT_LIMIT {
+        return Err(EngineError::Invalid(format!(
+            "output_limit must be at most {MAX_OUTPUT_LIMIT}"
+        )));
+    }
+    Ok(limit)
+}
+
+/// A command that init has started.
+pub(crate) struct Started {
+    pub handle: u64,
+    pub pid: i32,
+    pub exit: oneshot::Receiver<ExitInfo>,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub t0: Instant,
+}
+
+/// Where output goes as it arrives.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    Buffer,
+    Channel(mpsc::Sender<ExecEvent>),
+}
+
+/// One output stream as collected so far.
+#[derive(Default)]
+pub(crate) struct Collected {
+    pub data: Vec<u8>,
+    pub total: u64,
+    pub truncated: bool,
+}
+
+impl Engine {
+    pub(crate) async fn start_command(
+        &self,
+        sb: &Arc<Sandbox>,
+        spec: &CommandSpec,
+    ) -> Result<Started, EngineError> {
+        let fail = |e: mayfly_sys::ipc::IpcError| EngineError::Internal(format!("pipe: {e}"));
+        let (in_r, in_w) = mayfly_sys::ipc::pipe().map_err(fail)?;
+        let (out_r, out_w) = mayfly_sys::ipc::pipe().map_err(fail)?;
+        let (err_r, err_w) = mayfly_sys::ipc::pipe().map_err(fail)?;
+        let mut env: std::collections::BTreeMap<String, String> = sb.env.iter().cloned().collect();
+        env.extend(spec.env.clone());
+        let uid = spec.uid.unwrap_or(0);
+        let handle = sb.handle();
+        let cmd = SpawnCommand {
+            handle,
+            argv: spec.argv.clone(),
+            env: env.into_iter().collect(),
+            cwd: spec.cwd.clone().unwrap_or_else(|| "/workspace".into()),
+            uid,
+            gid: spec.gid.unwrap_or(uid),
+        };
+        let t0 = Instant::now();
+        match sb.conn.spawn(cmd, [in_r, out_w, err_w]).await {
+            Ok(Ok((pid, exit))) => Ok(Started {
+                handle,
+                pid,
+                exit,
+                stdin: in_w,
+                stdout: out_r,
+                stderr: err_r,
+                t0,
+            }),
+            Ok(Err(f)) => Err(EngineError::ExecFailed {
+                id: sb.id.clone(),
+                argv0: spec.argv[0].clone(),
+                reason: format!(
+                    "{} failed: {}",
+                    f.stage,
+                    std::io::Error::from_raw_os_error(f.errno)
+                ),
+            }),
+            Err(RuntimeError::Closed) => Err(EngineError::NotReady {
+                id: sb.id.clone(),
+                state: mayfly_types::SandboxState::Stopping,
+            }),
+            Err(e) => Err(EngineError::Internal(format!("spawn in {}: {e}", sb.id))),
+        }
+    }
+
+    /// Feeds stdin, drains stdout and stderr into `sink`, and waits for the
+    /// exit (killing the session at the timeout).
+    pub(crate) async fn pump(
+        &self,
+        sb: &Arc<Sandbox>,
+        started: Started,
+        stdin: Option<Vec<u8>>,
+        timeout: Option<Duration>,
+        limit: u64,
+        sink: Sink,
+        out: [Arc<Mutex<Collected>>; 2],
+    ) -> ExecResult {
+        let Started {
+            handle,
+            exit,
+            stdin: stdin_fd,
+            stdout,
+            stderr,
+            t0,
+            ..
+        } = started;
+        let writer = tokio::spawn(async move {
+            if let Some(data) = stdin {
+                if let Ok(mut w) = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_fd) {
+                    let _ = w.write_all(&data).await;
+                }
+            }
+        });
+        let [out_c, err_c] = out;
+        let readers = [
+            tokio::spawn(read_stream(stdout, limit, sink.clone(), false, out_c.clone(), sb.clone(), handle)),
+            tokio::spawn(read_stream(stderr, limit, sink.clone(), true, err_c.clone(), sb.clone(), handle)),
+        ];
+        let mut timed_out = false;
+        let mut exit = exit;
+        let info = match timeout {
+            None => (&mut exit).await.ok(),
+            Some(t) => match tokio::time::timeout(t, &mut exit).await {
+                Ok(r) => r.ok(),
+                Err(_) => {
+                    timed_out = true;
+                    let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                    tokio::time::timeout(Duration::from_secs(10), exit)
+                        .await
+                        .ok()
+                        .and_then(|r| r.ok())
+                }
+            },
+        };
+        writer.abort();
+        for r in readers {
+            let abort = r.abort_handle();
+            if tokio::time::timeout(DRAIN_GRACE, r).await.is_err() {
+                abort.abort();
+            }
+        }
+        let duration_us = t0.elapsed().as_micros() as u64;
+        // No exit report means init (the sandbox) went away underneath us.
+        let (exit_code, signal) = match info {
+            Some(i) => (i.code, i.signal),
+            None => (None, Some(libc::SIGKILL)),
+        };
+        let take = |c: &Arc<Mutex<Collected>>| {
+            let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
+            (std::mem::take(&mut g.data), g.total, g.truncated)
+        };
+        let (o, ob, ot) = take(&out_c);
+        let (e, eb, et) = take(&err_c);
+        ExecResult {
+            status: ExitStatus {
+                exit_code,
+                signal,
+                timed_out,
+            },
+            stdout: Bytes64(o),
+            stderr: Bytes64(e),
+            stdout_truncated: ot,
+            stderr_truncated: et,
+            stdout_bytes: ob,
+            stderr_bytes: eb,
+            duration_us,
+        }
+    }
+
+    pub(crate) fn audit_exec(&self, sb: &Sandbox, argv: &[String], r: Result<&ExecResult, &EngineError>, caller: &Caller) {
+        let mut a = ExecAudit {
+            sandbox_id: sb.id.to_string(),
+            at: now_ms(),
+            argv: argv.to_vec(),
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            error: None,
+            duration_us: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            caller: caller.0.clone(),
+        };
+        match r {
+            Ok(r) => {
+                a.exit_code = r.status.exit_code;
+                a.signal = r.status.signal;
+                a.timed_out = r.status.timed_out;
+                a.duration_us = r.duration_us;
+                a.stdout_bytes = r.stdout_bytes;
+                a.stderr_bytes = r.stderr_bytes;
+            }
+            Err(e) => a.error = Some(e.to_string()),
+        }
+        if let Err(e) = self.inner.store.record_exec(&a) {
+            tracing::warn!(id = %sb.id, error = %e, "recording an exec in the audit trail failed");
+        }
+    }
+}
+
+async fn read_stream(
+    fd: OwnedFd,
+    limit: u64,
+    sink: Sink,
+    is_stderr: bool,
+    into: Arc<Mutex<Collected>>,
+    sb: Arc<Sandbox>,
+    handle: u64,
+) {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut listener_gone = false;
+    loop {
+        let n = match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let keep = {
+            let mut c = into.lock().unwrap_or_else(|p| p.into_inner());
+            let room = limit.saturating_sub(c.total) as usize;
+            c.total += n as u64;
+            let keep = n.min(room);
+            if keep < n {
+                c.truncated = true;
+            }
+            if matches!(sink, Sink::Buffer) {
+                c.data.extend_from_slice(&buf[..keep]);
+            }
+            keep
+        };
+        if let Sink::Channel(tx) = &sink {
+            if keep > 0 && !listener_gone {
+                let chunk = buf[..keep].to_vec();
+                let ev = if is_stderr {
+                    ExecEvent::Stderr(chunk)
+                } else {
+                    ExecEvent::Stdout(chunk)
+                };
+                if tx.send(ev).await.is_err() {
+                    // Nobody is listening any more: the command is abandoned.
+                    listener_gone = true;
+                    let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The engine: owns the store, the zygote and every live sandbox, and
+//! implements [`SandboxApi`](crate::SandboxApi). One verb per file.
+
+mod api_impl;
+mod config;
+mod create;
+mod destroy;
+mod exec;
+mod processes;
+mod recovery;
+mod sandbox;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mayfly_store::Store;
+use mayfly_sys::cgroup::CgroupLayout;
+use mayfly_types::SandboxId;
+
+pub use config::EngineConfig;
+pub use recovery::RecoveryReport;
+use sandbox::Sandbox;
+
+use crate::runtime::zygote::Zygote;
+use crate::template::{self, HostEntry};
+use crate::EngineError;
+
+/// Mayfly's engine. Cheap to clone; every clone drives the same sandboxes.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: EngineConfig,
+    store: Store,
+    zygote: Zygote,
+    layout: CgroupLayout,
+    skeleton: PathBuf,
+    host: Vec<(&'static str, HostEntry)>,
+    sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
+    shutting_down: AtomicBool,
+    /// (pid, start time) of this process, recorded as every sandbox's owner.
+    owner: (u32, u64),
+    recovery: RecoveryReport,
+    /// Background directory removals, awaited by [`Engine::wait_cleanup`].
+    cleanups: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Opens the store, discovers the host, builds the embedded template and
+    /// reconciles whatever a previous owner left behind.
+    ///
+    /// `zygote` must have been started before any thread was spawned.
+    pub fn new(cfg: EngineConfig, zygote: Zygote) -> Result<Engine, EngineError> {
+        // The state directory and `sandboxes/` are traverse-only for others
+        // (0711): each sandbox's init reaches its mount point through them
+        // as the sandbox's root, an unprivileged uid on the host.
+        for d in [cfg.state_dir.clone(), cfg.sandboxes_dir()] {
+            std::fs::create_dir_all(&d)
+                .and_then(|()| {
+                    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+                })
+                .map_err(|e| EngineError::Internal(format!("preparing {}: {e}", d.display())))?;
+        }
+        let store = Store::open(&cfg.state_dir)?;
+        let layout = match &cfg.cgroup_layout {
+            Some(l) => l.clone(),
+            None => CgroupLayout::discover()
+                .map_err(|e| EngineError::Internal(format!("cgroups: {e}")))?,
+        };
+        let host = template::inspect_host(&cfg.host_root);
+        let skeleton = template::ensure_host_skeleton(&cfg.templates_dir(), &cfg.host_root, &host)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let me = std::process::id();
+        let owner = (me, mayfly_sys::process::start_time(me).unwrap_or(0));
+        let mut inner = Inner {
+            cfg,
+            store,
+            zygote,
+            layout,
+            skeleton,
+            host,
+            sandboxes: RwLock::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            owner,
+            recovery: RecoveryReport::default(),
+            cleanups: std::sync::Mutex::new(Vec::new()),
+        };
+        inner.recovery = recovery::reconcile(&inner);
+        Ok(Engine {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// What start-up reconciliation found and cleaned.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.recovery
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.cfg
+    }
+
+    /// Starts the TTL reaper. Call once, inside the tokio runtime.
+    pub fn start_background(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let engine = Engine { inner };
+                engine.reap_expired();
+            }
+        });
+    }
+
+    fn reap_expired(&self) {
+        let now = now_ms();
+        let expired: Vec<Arc<Sandbox>> = self
+            .live()
+            .into_iter()
+            .filter(|s| s.expires_at <= now && !s.is_stopping())
+            .collect();
+        for sb in expired {
+            let engine = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = engine.destroy_sandbox(sb, "ttl").await {
+                    tracing::warn!(error = %e, "destroying an expired sandbox failed");
+                }
+            });
+        }
+    }
+
+    /// Destroys every live sandbox (daemon shutdown).
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let all = self.live();
+        let tasks: Vec<_> = all
+            .into_iter()
+            .map(|sb| {
+                let e = self.clone();
+                tokio::spawn(async move { e.destroy_sandbox(sb, "daemon_shutdown").await })
+            })
+            .collect();
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    fn live(&self) -> Vec<Arc<Sandbox>> {
+        self.inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn lookup(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
+        self.inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))
+    }
+}

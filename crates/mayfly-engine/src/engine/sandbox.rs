@@ -1,0 +1,86 @@
+//! A live sandbox as the engine holds it.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use mayfly_sys::cgroup::CgroupPlan;
+use mayfly_types::{ResolvedLimits, SandboxId};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+
+use super::processes::BgProcess;
+use crate::files::SandboxFs;
+use crate::runtime::conn::InitConn;
+
+pub(crate) struct Sandbox {
+    pub id: SandboxId,
+    pub uid_base: u32,
+    pub init_pid: i32,
+    pub expires_at: u64,
+    pub limits: ResolvedLimits,
+    pub conn: Arc<InitConn>,
+    pub pidfd: AsyncFd<OwnedFd>,
+    pub cgroup: CgroupPlan,
+    /// `<state>/sandboxes/<id>`: upper and work directories and the mount point.
+    pub dir: PathBuf,
+    /// The environment every command starts from.
+    pub env: Vec<(String, String)>,
+    pub next_handle: AtomicU64,
+    pub procs: Mutex<HashMap<u64, Arc<BgProcess>>>,
+    pub fs: OnceLock<Arc<SandboxFs>>,
+    stopping: AtomicBool,
+    /// Fires when destroy has finished, for concurrent destroy calls.
+    pub destroyed: Notify,
+    pub done: AtomicBool,
+}
+
+impl Sandbox {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: SandboxId,
+        uid_base: u32,
+        init_pid: i32,
+        expires_at: u64,
+        limits: ResolvedLimits,
+        conn: Arc<InitConn>,
+        pidfd: AsyncFd<OwnedFd>,
+        cgroup: CgroupPlan,
+        dir: PathBuf,
+        env: Vec<(String, String)>,
+    ) -> Self {
+        Sandbox {
+            id,
+            uid_base,
+            init_pid,
+            expires_at,
+            limits,
+            conn,
+            pidfd,
+            cgroup,
+            dir,
+            env,
+            next_handle: AtomicU64::new(1),
+            procs: Mutex::new(HashMap::new()),
+            fs: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+            destroyed: Notify::new(),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Marks the sandbox stopping; true for the one caller that gets to stop it.
+    pub fn begin_stop(&self) -> bool {
+        !self.stopping.swap(true, Ordering::SeqCst)
+    }
+
+    pub fn handle(&self) -> u64 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,4 @@
+pub mod cgroup;
+pub mod hardening;
+pub mod seccomp;
+pub mod mounts;

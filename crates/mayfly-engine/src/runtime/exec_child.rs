@@ -1,0 +1,149 @@
+//! How init turns a [`SpawnCommand`] into a hardened process.
+//!
+//! Order matters: session and stdio first; then limits and the capability
+//! bounding set (which needs CAP_SETPCAP, so before the uid change); then the
+//! uid change, the working directory, `no_new_privs`, and the seccomp
+//! allowlist last, right before `execve`, so that nothing Mayfly itself does
+//! needs a syscall the filter denies.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+
+use mayfly_sys::{hardening, ipc, process, supervise};
+
+use super::init::resolve_program;
+use super::proto::{SpawnCommand, SpawnPlan};
+use crate::plan::{hardening as hplan, seccomp};
+
+/// What every exec of one sandbox shares, computed once when init starts.
+pub struct ExecSetup {
+    rlimits: Vec<(i32, u64, u64)>,
+    filter: Option<seccomp::Filter>,
+}
+
+impl ExecSetup {
+    pub fn new(plan: &SpawnPlan) -> Self {
+        ExecSetup {
+            rlimits: plan.rlimits.clone(),
+            // A filter that cannot be built makes every exec fail (closed),
+            // never run unfiltered.
+            filter: seccomp::default_filter().ok(),
+        }
+    }
+}
+
+/// Forks and execs `cmd` with `fds` as stdin, stdout and stderr. Returns the
+/// pid once the exec has succeeded, or the errno and the failing stage.
+pub fn exec_command(
+    setup: &ExecSetup,
+    cmd: &SpawnCommand,
+    fds: &[OwnedFd],
+) -> Result<i32, (i32, String)> {
+    let Some(filter) = setup.filter.as_ref() else {
+        return Err((libc::EPERM, "seccomp filter unavailable".into()));
+    };
+    let path_var = cmd
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or(DEFAULT_PATH);
+    let candidates = resolve_program(&cmd.argv[0], path_var);
+    if candidates.is_empty() {
+        return Err((libc::ENOENT, "resolve".into()));
+    }
+    let to_c = |s: &str| CString::new(s).map_err(|_| (libc::EINVAL, "nul byte".to_owned()));
+    let argv = cmd.argv.iter().map(|a| to_c(a)).collect::<Result<Vec<_>, _>>()?;
+    let envp = cmd
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd = to_c(&cmd.cwd)?;
+    let (err_r, err_w) = ipc::pipe().map_err(|_| (libc::EMFILE, "pipe".to_owned()))?;
+
+    // SAFETY: init is single-threaded, so the child is a full copy.
+    match unsafe { process::fork() } {
+        Err(_) => Err((libc::EAGAIN, "fork".into())),
+        Ok(process::Forked::Child) => {
+            drop(err_r);
+            let fail = |errno: i32| -> ! {
+                supervise::write_errno(err_w.as_fd(), errno);
+                process::exit_now(127)
+            };
+            let stage = |n: i32| -> ! { fail(n) };
+            if process::setsid().is_err() {
+                stage(-1);
+            }
+            for (i, fd) in fds.iter().enumerate() {
+                if supervise::dup_onto(fd.as_fd(), i as i32).is_err() {
+                    stage(-2);
+                }
+            }
+            process::reset_signals();
+            // Init is shielded from the OOM killer; its commands are not.
+            let _ = std::fs::write("/proc/self/oom_score_adj", "0");
+            if hardening::set_rlimits(&setup.rlimits).is_err() {
+                stage(-3);
+            }
+            if hardening::drop_capabilities(&hplan::default_capabilities()).is_err() {
+                stage(-4);
+            }
+            if process::set_ids(cmd.uid, cmd.gid).is_err() {
+                stage(-5);
+            }
+            if let Err(e) = supervise::chdir(&cwd) {
+                fail(e.source.raw_os_error().unwrap_or(libc::ENOENT) + CHDIR_FLAG);
+            }
+            if hardening::set_no_new_privs().is_err() {
+                stage(-6);
+            }
+            process::close_fds_except(3, &[std::os::fd::AsRawFd::as_raw_fd(&err_w)]);
+            let image = |path: CString| supervise::ExecImage {
+                path,
+                argv: argv.clone(),
+                envp: envp.clone(),
+            };
+            let images: Vec<_> = candidates.into_iter().map(image).collect();
+            if hardening::install_seccomp(filter).is_err() {
+                stage(-7);
+            }
+            let mut errno = libc::ENOENT;
+            for img in &images {
+                errno = supervise::execve(img);
+                if errno != libc::ENOENT {
+                    break;
+                }
+            }
+            fail(errno)
+        }
+        Ok(process::Forked::Parent { pid }) => {
+            drop(err_w);
+            match supervise::read_errno(&err_r) {
+                None => Ok(pid),
+                Some(code) => {
+                    // The child exits right away; init's SIGCHLD handling
+                    // reaps it (it is not tracked, so nothing is reported).
+                    Err(describe(code))
+                }
+            }
+        }
+    }
+}
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const CHDIR_FLAG: i32 = 1 << 16;
+
+fn describe(code: i32) -> (i32, String) {
+    match code {
+        -1 => (libc::EPERM, "setsid".into()),
+        -2 => (libc::EBADF, "stdio".into()),
+        -3 => (libc::EPERM, "rlimits".into()),
+        -4 => (libc::EPERM, "capabilities".into()),
+        -5 => (libc::EPERM, "uid/gid".into()),
+        -6 => (libc::EPERM, "no_new_privs".into()),
+        -7 => (libc::EPERM, "seccomp".into()),
+        c if c >= CHDIR_FLAG => (c - CHDIR_FLAG, "chdir".into()),
+        c => (c, "execve".into()),
+    }
+}

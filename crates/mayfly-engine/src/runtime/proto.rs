@@ -1,0 +1,76 @@
+//! Messages between the daemon, the zygote and each sandbox's init.
+//!
+//! Each message is one JSON document in one `SOCK_SEQPACKET` packet, so
+//! framing is the kernel's job; descriptors ride along as `SCM_RIGHTS`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::mounts::MountOp;
+use crate::template::Layer;
+
+/// Everything the zygote and the new init need to bring a sandbox up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnPlan {
+    pub id: String,
+    pub uid_base: u32,
+    pub uid_count: u32,
+    /// `cgroup.procs` files the init pid is written to, before it runs.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Overlays: the first is the root, the rest are mounted inside it.
+    pub layers: Vec<Layer>,
+    /// One (upper, work) pair per layer.
+    pub uppers: Vec<(PathBuf, PathBuf)>,
+    /// The empty directory the root is attached to inside init's namespace.
+    pub rootfs: PathBuf,
+    pub before_pivot: Vec<MountOp>,
+    pub after_pivot: Vec<MountOp>,
+    /// Applied to every command: (resource, soft, hard).
+    pub rlimits: Vec<(i32, u64, u64)>,
+    /// Environment every command starts from.
+    pub env: Vec<(String, String)>,
+}
+
+/// Daemon → zygote.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ZygoteRequest {
+    Spawn(Box<SpawnPlan>),
+}
+
+/// Zygote → daemon. `Spawned` carries two descriptors: the init's pidfd and
+/// the daemon's end of the init control socket.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ZygoteReply {
+    Spawned { pid: i32 },
+    Failed { message: String },
+}
+
+/// Daemon → init.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum InitRequest {
+    /// Start a command; carries stdin, stdout and stderr descriptors.
+    Spawn(Box<SpawnCommand>),
+    /// Signal a command, or its whole session with `tree`.
+    Signal { handle: u64, signal: i32, tree: bool },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnCommand {
+    pub handle: u64,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Init → daemon.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum InitEvent {
+    Ready,
+    SetupFailed { message: String },
+    Spawned { handle: u64, pid: i32 },
+    SpawnFailed { handle: u64, errno: i32, stage: String },
+    Exited { handle: u64, code: Option<i32>, signal: Option<i32> },
+}

@@ -1,0 +1,166 @@
+//! Who is calling, and whether they may.
+//!
+//! Each listener attaches a [`Peer`] to every request of a connection (axum's
+//! connect info). The [`authenticate`] middleware turns it into a [`Caller`]
+//! for the audit trail and, for anything but the unix socket, demands the
+//! bearer token. The unix socket needs no token: its file mode and owner
+//! decide who can connect, and the kernel tells us the peer's uid.
+
+use std::net::SocketAddr;
+
+use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::serve::IncomingStream;
+use http::request::Parts;
+use http::{header, HeaderValue};
+use mayfly_engine::Caller;
+use mayfly_types::ErrorCode;
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::{AppError, AppState};
+
+/// The far end of a connection, as the listener that accepted it saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// A unix-socket peer; `uid` from `SO_PEERCRED` (`None` if the kernel
+    /// would not say).
+    Unix { uid: Option<u32> },
+    /// A TCP peer. Its requests need the bearer token.
+    Tcp { addr: SocketAddr },
+}
+
+impl Peer {
+    /// The caller identity recorded in the audit trail.
+    pub fn caller(&self) -> Caller {
+        match self {
+            Peer::Unix { uid: Some(uid) } => Caller::new(format!("unix:uid={uid}")),
+            Peer::Unix { uid: None } => Caller::new("unix:uid=unknown"),
+            Peer::Tcp { addr } => Caller::new(format!("tcp:{addr}")),
+        }
+    }
+}
+
+impl Connected<IncomingStream<'_, UnixListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
+        let uid = stream.io().peer_cred().ok().map(|cred| cred.uid());
+        Peer::Unix { uid }
+    }
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        Peer::Tcp {
+            addr: *stream.remote_addr(),
+        }
+    }
+}
+
+/// The authenticated caller of a request, for handlers.
+#[derive(Debug, Clone)]
+pub(crate) struct Who(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, AppError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .map(Who)
+            .ok_or_else(|| AppError::internal("the authentication layer did not run"))
+    }
+}
+
+/// Admits a request and records its caller, or answers 401.
+///
+/// A request without a [`Peer`] (the router served without connect info) is
+/// treated like a TCP one: it fails closed and needs the token.
+pub(crate) async fn authenticate(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<Peer>>()
+        .map(|ConnectInfo(p)| p.clone());
+    let caller = match peer {
+        Some(p @ Peer::Unix { .. }) => p.caller(),
+        Some(p @ Peer::Tcp { .. }) => match check_bearer(&req, state.opts.tcp_token.as_deref()) {
+            Ok(()) => p.caller(),
+            Err(e) => return unauthorized(e),
+        },
+        None => match check_bearer(&req, state.opts.tcp_token.as_deref()) {
+            Ok(()) => Caller::new("tcp:unknown"),
+            Err(e) => return unauthorized(e),
+        },
+    };
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+fn unauthorized(e: AppError) -> Response {
+    let mut resp = e.into_response();
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+fn check_bearer(req: &Request, token: Option<&str>) -> Result<(), AppError> {
+    let unauth = |m: &str| AppError::new(ErrorCode::Unauthenticated, m);
+    // An empty configured token would admit `Bearer ` with nothing after it.
+    let Some(expected) = token.filter(|t| !t.is_empty()) else {
+        return Err(unauth(
+            "this daemon has no token configured, so only its unix socket is open",
+        ));
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| unauth("missing `Authorization: Bearer <token>` header"))?;
+    let given = given
+        .as_bytes()
+        .strip_prefix(b"Bearer ")
+        .ok_or_else(|| unauth("the Authorization header must be `Bearer <token>`"))?;
+    if constant_time_eq(given, expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(unauth("the bearer token is wrong"))
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a
+/// guessed token was right. (The length is not secret.)
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0u8, |acc, (x, y)| acc | std::hint::black_box(x ^ y));
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_equal_only_when_identical() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn callers_name_their_transport() {
+        assert_eq!(Peer::Unix { uid: Some(1000) }.caller().0, "unix:uid=1000");
+        let addr: SocketAddr = "127.0.0.1:4242".parse().expect("valid address");
+        assert_eq!(Peer::Tcp { addr }.caller().0, "tcp:127.0.0.1:4242");
+    }
+}

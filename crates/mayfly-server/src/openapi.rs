@@ -1,0 +1,99 @@
+//! The OpenAPI document served at `/openapi.json`.
+
+use std::sync::OnceLock;
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi as OpenApiDoc;
+use utoipa::{Modify, OpenApi};
+
+use crate::{events, exec, files, processes, routes, sandboxes};
+
+/// Mayfly's API description. Every handler is listed; a test checks the
+/// document against the route table.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Mayfly",
+        description = "Ephemeral isolated sandboxes. Served on a unix socket (no token; the \
+            socket's mode guards it) and optionally on TCP, where every request needs \
+            `Authorization: Bearer <token>`. Every error is JSON `{code, message}`.",
+    ),
+    paths(
+        routes::healthz,
+        routes::openapi_json,
+        sandboxes::create_sandbox,
+        sandboxes::list_sandboxes,
+        sandboxes::get_sandbox,
+        sandboxes::destroy_sandbox,
+        exec::exec,
+        processes::start_process,
+        processes::list_processes,
+        processes::wait_process,
+        processes::process_output,
+        processes::kill_process,
+        files::read_file,
+        files::write_file,
+        files::remove_file,
+        files::stat_file,
+        files::list_dir,
+        files::mkdir,
+        files::rename,
+        files::upload_archive,
+        files::download_archive,
+        events::list_events,
+        events::list_audit,
+    ),
+    components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
+    modifiers(&BearerOnTcp),
+    tags(
+        (name = "meta", description = "Health and this document."),
+        (name = "sandboxes", description = "Sandbox lifecycle."),
+        (name = "exec", description = "Foreground commands, buffered or streamed."),
+        (name = "processes", description = "Background commands."),
+        (name = "files", description = "Files and tar archives inside a sandbox."),
+        (name = "events", description = "Lifecycle events and the exec audit trail."),
+    ),
+)]
+pub struct ApiDoc;
+
+/// Declares the bearer scheme TCP listeners require.
+struct BearerOnTcp;
+
+impl Modify for BearerOnTcp {
+    fn modify(&self, doc: &mut OpenApiDoc) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Required on TCP listeners only."))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document, built once.
+pub(crate) fn document() -> &'static OpenApiDoc {
+    static DOC: OnceLock<OpenApiDoc> = OnceLock::new();
+    DOC.get_or_init(ApiDoc::openapi)
+}
+
+/// Raw bytes in a request or response body (files, tar archives), for the
+/// document: `{type: string, format: binary}` rather than an integer array.
+pub(crate) struct Binary;
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::Binary,
+            )))
+            .description(Some("Raw bytes."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Binary {}

@@ -1,0 +1,138 @@
+//! The one route table.
+//!
+//! Routes are added through [`Routes`], which records each (method, path) as
+//! it goes, so a test can check the table against the OpenAPI document in
+//! both directions.
+
+use std::sync::Arc;
+
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post, put};
+use axum::{middleware, Json, Router};
+use http::Method;
+use mayfly_engine::SandboxApi;
+
+use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
+use crate::{auth, events, exec, files, openapi, processes, sandboxes, AppState, ServerOptions};
+
+/// Builds the API router over `api`.
+///
+/// Serve it with [`crate::serve`], which attaches a [`crate::Peer`] to each
+/// connection. Served any other way, requests carry no peer and are treated
+/// like TCP ones: they need the bearer token.
+pub fn app(api: Arc<dyn SandboxApi>, opts: ServerOptions) -> Router {
+    let state = AppState {
+        api,
+        opts: Arc::new(opts),
+    };
+    table()
+        .router
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
+        .layer(middleware::from_fn(log_internal_errors))
+        .layer(middleware::from_fn(catch_panic))
+        .with_state(state)
+}
+
+/// Every (method, path) the router serves, in the router's path syntax.
+pub fn route_table() -> Vec<(Method, &'static str)> {
+    table().table
+}
+
+fn table() -> Routes {
+    use events::*;
+    use exec::*;
+    use files::*;
+    use processes::*;
+    use sandboxes::*;
+    const SANDBOX: &str = "/v1/sandboxes/{id}";
+    const PROCESSES: &str = "/v1/sandboxes/{id}/processes";
+    const FILES: &str = "/v1/sandboxes/{id}/files";
+    const ARCHIVE: &str = "/v1/sandboxes/{id}/archive";
+    Routes::default()
+        .add(Method::GET, "/healthz", get(healthz))
+        .add(Method::GET, "/openapi.json", get(openapi_json))
+        .add(Method::POST, "/v1/sandboxes", post(create_sandbox))
+        .add(Method::GET, "/v1/sandboxes", get(list_sandboxes))
+        .add(Method::GET, SANDBOX, get(get_sandbox))
+        .add(Method::DELETE, SANDBOX, delete(destroy_sandbox))
+        .add(Method::POST, "/v1/sandboxes/{id}/exec", post(exec))
+        .add(Method::POST, PROCESSES, post(start_process))
+        .add(Method::GET, PROCESSES, get(list_processes))
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/processes/{handle}/wait",
+            post(wait_process),
+        )
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/processes/{handle}/output",
+            get(process_output),
+        )
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/processes/{handle}/kill",
+            post(kill_process),
+        )
+        .add(Method::GET, FILES, get(read_file))
+        .add(Method::PUT, FILES, put(write_file))
+        .add(Method::DELETE, FILES, delete(remove_file))
+        .add(Method::GET, "/v1/sandboxes/{id}/files/stat", get(stat_file))
+        .add(Method::GET, "/v1/sandboxes/{id}/files/list", get(list_dir))
+        .add(Method::POST, "/v1/sandboxes/{id}/files/mkdir", post(mkdir))
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/files/rename",
+            post(rename),
+        )
+        .add(Method::PUT, ARCHIVE, put(upload_archive))
+        .add(Method::GET, ARCHIVE, get(download_archive))
+        .add(Method::GET, "/v1/events", get(list_events))
+        .add(Method::GET, "/v1/sandboxes/{id}/audit", get(list_audit))
+}
+
+/// A router under construction plus the list of what it serves.
+#[derive(Default)]
+struct Routes {
+    router: Router<AppState>,
+    table: Vec<(Method, &'static str)>,
+}
+
+impl Routes {
+    /// Adds one method on one path. `method` must be the method `route`
+    /// serves; the OpenAPI test catches a mismatch.
+    fn add(
+        mut self,
+        method: Method,
+        path: &'static str,
+        route: axum::routing::MethodRouter<AppState>,
+    ) -> Self {
+        self.router = self.router.route(path, route);
+        self.table.push((method, path));
+        self
+    }
+}
+
+/// `GET /healthz`: the daemon is up and serving.
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "The daemon is serving.", body = Health)))]
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health { ok: true })
+}
+
+/// The body of `GET /healthz`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct Health {
+    pub ok: bool,
+}
+
+/// `GET /openapi.json`: this API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "The OpenAPI document.", body = Object)))]
+pub(crate) async fn openapi_json() -> impl IntoResponse {
+    Json(openapi::document())
+}

@@ -1,0 +1,94 @@
+//! `/v1/sandboxes`: create, list, get, destroy.
+
+use axum::extract::State;
+use axum::Json;
+use http::StatusCode;
+use mayfly_types::{ApiError, CreateRequest, SandboxInfo, SandboxList};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use crate::auth::Who;
+use crate::extract::{OptionalJsonBody, QueryParams, SandboxPath};
+use crate::{AppError, AppState};
+
+/// `?all=true` on `GET /v1/sandboxes`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// Include destroyed and failed sandboxes.
+    #[serde(default)]
+    all: bool,
+}
+
+/// Create a sandbox. An empty body creates one with the daemon's defaults.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body(content = CreateRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The sandbox is ready.", body = SandboxInfo),
+        (status = 400, description = "Invalid request or limits.", body = ApiError),
+        (status = 413, description = "Body over 1 MiB.", body = ApiError),
+        (status = 415, description = "Not `application/json`.", body = ApiError),
+        (status = 429, description = "A host limit was reached.", body = ApiError),
+    ))]
+pub(crate) async fn create_sandbox(
+    State(s): State<AppState>,
+    Who(caller): Who,
+    OptionalJsonBody(req): OptionalJsonBody<CreateRequest>,
+) -> Result<(StatusCode, Json<SandboxInfo>), AppError> {
+    let info = s.api.create(req, &caller).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// List live sandboxes, or every recorded one with `?all=true`.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+    responses(
+        (status = 200, body = SandboxList),
+        (status = 400, description = "Bad query string.", body = ApiError),
+    ))]
+pub(crate) async fn list_sandboxes(
+    State(s): State<AppState>,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> Result<Json<SandboxList>, AppError> {
+    let sandboxes = s.api.list(q.all).await?;
+    Ok(Json(SandboxList { sandboxes }))
+}
+
+/// Describe one sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(IdParam),
+    responses(
+        (status = 200, body = SandboxInfo),
+        (status = 400, description = "Malformed sandbox id.", body = ApiError),
+        (status = 404, description = "No such sandbox.", body = ApiError),
+    ))]
+pub(crate) async fn get_sandbox(
+    State(s): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxInfo>, AppError> {
+    Ok(Json(s.api.get(&id).await?))
+}
+
+/// Destroy a sandbox. Idempotent: destroying a destroyed one returns its record.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(IdParam),
+    responses(
+        (status = 200, description = "The sandbox's final record.", body = SandboxInfo),
+        (status = 400, description = "Malformed sandbox id.", body = ApiError),
+        (status = 404, description = "No such sandbox.", body = ApiError),
+    ))]
+pub(crate) async fn destroy_sandbox(
+    State(s): State<AppState>,
+    Who(caller): Who,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxInfo>, AppError> {
+    Ok(Json(s.api.destroy(&id, &caller).await?))
+}
+
+/// The `{id}` path parameter, for the OpenAPI document.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(crate) struct IdParam {
+    /// The sandbox id: `mf-` and 12 characters of `[a-z0-9]`.
+    #[param(example = "mf-abcdefghjkmn")]
+    id: String,
+}

@@ -1,0 +1,163 @@
+//! Versioned schema migrations.
+//!
+//! `PRAGMA user_version` holds how many entries of [`MIGRATIONS`] a database
+//! has applied. Migrations are append-only: never edit a shipped entry, add a
+//! new one. A database whose version is newer than this list is refused
+//! rather than guessed at, so an old binary never writes into a schema it
+//! does not understand.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::StoreError;
+
+/// The SQL condition for a live (non-terminal) sandbox. Queries must spell it
+/// exactly like the partial indexes do, or SQLite will not use those indexes.
+macro_rules! live {
+    () => {
+        "state IN ('creating', 'ready', 'stopping')"
+    };
+}
+pub(crate) use live;
+
+/// The SQL condition for a terminal sandbox.
+macro_rules! terminal {
+    () => {
+        "state IN ('destroyed', 'failed')"
+    };
+}
+pub(crate) use terminal;
+
+/// Schema migrations, in order. Entry `i` takes the database to version `i + 1`.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: sandboxes, their transitions, the exec audit trail and events.
+    concat!(
+        "
+CREATE TABLE sandboxes (
+    id          TEXT PRIMARY KEY NOT NULL,
+    state       TEXT NOT NULL
+                CHECK (state IN ('creating', 'ready', 'stopping', 'destroyed', 'failed')),
+    template    TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    -- When the sandbox reached a terminal state; what prune() ages by.
+    ended_at    INTEGER,
+    limits      TEXT NOT NULL,
+    labels      TEXT NOT NULL,
+    uid_slot    INTEGER NOT NULL CHECK (uid_slot >= 0),
+    owner_pid   INTEGER NOT NULL,
+    owner_start INTEGER NOT NULL,
+    init_pid    INTEGER,
+    reason      TEXT,
+    create_ms   REAL
+) STRICT;
+
+-- No two live sandboxes may share a uid range. insert_sandbox() already
+-- guarantees it under BEGIN IMMEDIATE; the index makes a bug there fail
+-- loudly instead of handing one host uid range to two sandboxes.
+CREATE UNIQUE INDEX sandboxes_live_slot ON sandboxes (uid_slot) WHERE ",
+        live!(),
+        ";
+CREATE INDEX sandboxes_created ON sandboxes (created_at);
+CREATE INDEX sandboxes_live_created ON sandboxes (created_at) WHERE ",
+        live!(),
+        ";
+CREATE INDEX sandboxes_ended ON sandboxes (ended_at) WHERE ended_at IS NOT NULL;
+
+CREATE TABLE transitions (
+    seq        INTEGER PRIMARY KEY,
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    from_state TEXT,
+    to_state   TEXT NOT NULL,
+    at         INTEGER NOT NULL,
+    reason     TEXT
+) STRICT;
+CREATE INDEX transitions_sandbox ON transitions (sandbox_id, seq);
+
+CREATE TABLE execs (
+    seq          INTEGER PRIMARY KEY,
+    sandbox_id   TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    at           INTEGER NOT NULL,
+    argv         TEXT NOT NULL,
+    exit_code    INTEGER,
+    signal       INTEGER,
+    timed_out    INTEGER NOT NULL,
+    error        TEXT,
+    duration_us  INTEGER NOT NULL,
+    stdout_bytes INTEGER NOT NULL,
+    stderr_bytes INTEGER NOT NULL,
+    caller       TEXT NOT NULL
+) STRICT;
+CREATE INDEX execs_sandbox ON execs (sandbox_id, seq);
+
+-- AUTOINCREMENT so a seq is never reused after prune() deletes the newest
+-- rows: clients page with ?since=seq and must not miss or repeat events.
+-- No foreign key: recovery may report on a sandbox the store never knew.
+CREATE TABLE events (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at         INTEGER NOT NULL,
+    sandbox_id TEXT,
+    kind       TEXT NOT NULL,
+    detail     TEXT NOT NULL
+) STRICT;
+CREATE INDEX events_sandbox ON events (sandbox_id) WHERE sandbox_id IS NOT NULL;
+CREATE INDEX events_at ON events (at);
+"
+    ),
+];
+
+/// Brings the database up to the last version in [`MIGRATIONS`], or refuses
+/// a newer one.
+///
+/// Runs under BEGIN IMMEDIATE and re-reads the version inside it, so a
+/// daemon and a CLI opening a fresh state directory at once apply each
+/// migration exactly once.
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    migrate_with(conn, path, MIGRATIONS)
+}
+
+pub(crate) fn migrate_with(
+    conn: &mut Connection,
+    path: &Path,
+    migrations: &[&str],
+) -> Result<(), StoreError> {
+    let open_err = |source| StoreError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(open_err)?;
+    let found: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(open_err)?;
+    // The list is a handful of entries; the cast cannot truncate.
+    let known = migrations.len() as i64;
+    if found > known {
+        return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found,
+            known,
+        });
+    }
+    let done = usize::try_from(found).map_err(|_| StoreError::Corrupt {
+        table: "sqlite_schema",
+        id: path.display().to_string(),
+        field: "user_version",
+        reason: format!("negative schema version {found}"),
+    })?;
+    for (i, sql) in migrations.iter().enumerate().skip(done) {
+        tx.execute_batch(sql)
+            .map_err(|source| StoreError::Migrate {
+                path: path.to_owned(),
+                version: i + 1,
+                source,
+            })?;
+    }
+    if done < migrations.len() {
+        tx.pragma_update(None, "user_version", known)
+            .map_err(open_err)?;
+    }
+    tx.commit().map_err(open_err)
+}

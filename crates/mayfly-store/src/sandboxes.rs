@@ -1,0 +1,318 @@
+//! Sandboxes, their uid slots and their state-machine transitions.
+
+use std::collections::BTreeMap;
+
+use mayfly_types::{ResolvedLimits, SandboxId, SandboxState, UnixMillis};
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+
+use crate::migrate::{live, terminal};
+use crate::row::Cols;
+use crate::{Store, StoreError};
+
+/// A sandbox as the store records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRecord {
+    pub id: SandboxId,
+    pub state: SandboxState,
+    /// `TemplateRef`'s string form.
+    pub template: String,
+    pub created_at: UnixMillis,
+    pub expires_at: UnixMillis,
+    pub limits: ResolvedLimits,
+    pub labels: BTreeMap<String, String>,
+    /// Index of the sandbox's private host uid range; allocated by
+    /// [`Store::insert_sandbox`].
+    pub uid_slot: u32,
+    /// Pid of the process that owns the sandbox (daemon or daemonless CLI).
+    pub owner_pid: u32,
+    /// That process's start time (`/proc/pid/stat` field 22), to tell a live
+    /// owner from a reused pid.
+    pub owner_start: u64,
+    pub init_pid: Option<u32>,
+    pub reason: Option<String>,
+    pub create_ms: Option<f64>,
+}
+
+/// One edge taken in a sandbox's state machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// `None` for the first record, when the sandbox came into being.
+    pub from: Option<SandboxState>,
+    pub to: SandboxState,
+    pub at: UnixMillis,
+    pub reason: Option<String>,
+}
+
+const SANDBOX_COLUMNS: &str = "id, state, template, created_at, expires_at, limits, labels, \
+     uid_slot, owner_pid, owner_start, init_pid, reason, create_ms";
+
+impl Store {
+    /// Inserts a sandbox in state `Creating` and atomically allocates the
+    /// lowest uid slot in `0..max_slots` that no live sandbox holds. Returns
+    /// the slot; `rec.uid_slot` and `rec.state` are ignored.
+    pub fn insert_sandbox(&self, rec: &SandboxRecord, max_slots: u32) -> Result<u32, StoreError> {
+        let limits = serde_json::to_string(&rec.limits).map_err(json_bug)?;
+        let labels = serde_json::to_string(&rec.labels).map_err(json_bug)?;
+        let now = self.now();
+        let mut conn = self.conn();
+        // IMMEDIATE takes the write lock before reading the held slots, so
+        // another process cannot pick the same slot between read and insert.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let exists = tx
+            .prepare_cached("SELECT 1 FROM sandboxes WHERE id = ?1")?
+            .exists([rec.id.as_str()])?;
+        if exists {
+            return Err(StoreError::AlreadyExists { id: rec.id.clone() });
+        }
+        let slot = lowest_free_slot(&tx, max_slots)?;
+        tx.prepare_cached(
+            "INSERT INTO sandboxes (id, state, template, created_at, expires_at, limits, labels, \
+             uid_slot, owner_pid, owner_start, init_pid, reason, create_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        )?
+        .execute(params![
+            rec.id.as_str(),
+            SandboxState::Creating.as_str(),
+            rec.template,
+            rec.created_at,
+            rec.expires_at,
+            limits,
+            labels,
+            slot,
+            rec.owner_pid,
+            rec.owner_start,
+            rec.init_pid,
+            rec.reason,
+            rec.create_ms,
+        ])?;
+        insert_transition(&tx, &rec.id, None, SandboxState::Creating, now, None)?;
+        tx.commit()?;
+        Ok(slot)
+    }
+
+    /// Moves a sandbox to `to` if the state machine allows it from its
+    /// current state, sets `reason` when given, and records the transition.
+    pub fn transition(
+        &self,
+        id: &SandboxId,
+        to: SandboxState,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let mut conn = self.conn();
+        // Read and write under one write lock: two processes racing to move
+        // the same sandbox must see each other's result, not the same "from".
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let state: Option<String> = tx
+            .prepare_cached("SELECT state FROM sandboxes WHERE id = ?1")?
+            .query_row([id.as_str()], |r| r.get(0))
+            .optional()?;
+        let Some(state) = state else {
+            return Err(StoreError::NotFound { id: id.clone() });
+        };
+        let from: SandboxState = state.parse().map_err(|reason| StoreError::Corrupt {
+            table: "sandboxes",
+            id: id.to_string(),
+            field: "state",
+            reason,
+        })?;
+        if !from.can_move_to(to) {
+            return Err(StoreError::IllegalTransition {
+                id: id.clone(),
+                from,
+                to,
+            });
+        }
+        let ended_at = to.is_terminal().then_some(now);
+        tx.prepare_cached(
+            "UPDATE sandboxes SET state = ?2, reason = COALESCE(?3, reason), \
+             ended_at = COALESCE(?4, ended_at) WHERE id = ?1",
+        )?
+        .execute(params![id.as_str(), to.as_str(), reason, ended_at])?;
+        insert_transition(&tx, id, Some(from), to, now, reason)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records the init's host pid and how long the create took.
+    pub fn set_ready_info(
+        &self,
+        id: &SandboxId,
+        init_pid: u32,
+        create_ms: f64,
+    ) -> Result<(), StoreError> {
+        let changed = self
+            .conn()
+            .prepare_cached("UPDATE sandboxes SET init_pid = ?2, create_ms = ?3 WHERE id = ?1")?
+            .execute(params![id.as_str(), init_pid, create_ms])?;
+        if changed == 0 {
+            return Err(StoreError::NotFound { id: id.clone() });
+        }
+        Ok(())
+    }
+
+    pub fn get_sandbox(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"
+        ))?;
+        let mut rows = stmt.query([id.as_str()])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(decode_sandbox(row)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sandboxes ordered by creation time (then insertion order); only live
+    /// ones unless `include_terminal`.
+    pub fn list_sandboxes(&self, include_terminal: bool) -> Result<Vec<SandboxRecord>, StoreError> {
+        let sql = if include_terminal {
+            format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, rowid")
+        } else {
+            format!(
+                "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE {} ORDER BY created_at, rowid",
+                live!()
+            )
+        };
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(decode_sandbox(row)?);
+        }
+        Ok(out)
+    }
+
+    /// The sandbox's transitions, oldest first.
+    pub fn transitions(&self, id: &SandboxId) -> Result<Vec<Transition>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, from_state, to_state, at, reason FROM transitions \
+             WHERE sandbox_id = ?1 ORDER BY seq",
+        )?;
+        let mut rows = stmt.query([id.as_str()])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let c = Cols::new(row, "transitions", 0);
+            let from: Option<String> = c.get(1, "from_state")?;
+            let from = match from {
+                Some(s) => Some(
+                    s.parse::<SandboxState>()
+                        .map_err(|e| c.corrupt("from_state", e))?,
+                ),
+                None => None,
+            };
+            out.push(Transition {
+                from,
+                to: c.parse(2, "to_state")?,
+                at: c.get(3, "at")?,
+                reason: c.get(4, "reason")?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Deletes terminal sandboxes that ended before `before`, with their
+    /// transitions, execs and events; returns how many sandboxes went.
+    ///
+    /// Events older than `before` that belong to no sandbox left in the store
+    /// (daemon-wide events, or ones about objects recovery found without a
+    /// record) go too, so the database stays bounded.
+    pub fn prune(&self, before: UnixMillis) -> Result<u64, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let old = concat!("ended_at < ?1 AND ", terminal!());
+        tx.prepare_cached(&format!(
+            "DELETE FROM events WHERE sandbox_id IN (SELECT id FROM sandboxes WHERE {old})"
+        ))?
+        .execute([before])?;
+        // Transitions and execs follow through ON DELETE CASCADE.
+        let pruned = tx
+            .prepare_cached(&format!("DELETE FROM sandboxes WHERE {old}"))?
+            .execute([before])?;
+        tx.prepare_cached(
+            "DELETE FROM events WHERE at < ?1 AND (sandbox_id IS NULL OR NOT EXISTS \
+             (SELECT 1 FROM sandboxes s WHERE s.id = events.sandbox_id))",
+        )?
+        .execute([before])?;
+        tx.commit()?;
+        Ok(pruned as u64)
+    }
+}
+
+/// The lowest slot below `max` that no live sandbox holds.
+///
+/// Walks the held slots in order through the partial unique index and stops
+/// at the first gap, so the cost is the number of slots below that gap.
+fn lowest_free_slot(conn: &rusqlite::Connection, max: u32) -> Result<u32, StoreError> {
+    let mut stmt = conn.prepare_cached(concat!(
+        "SELECT uid_slot FROM sandboxes WHERE ",
+        live!(),
+        " ORDER BY uid_slot"
+    ))?;
+    let mut rows = stmt.query([])?;
+    let mut candidate: i64 = 0;
+    while let Some(row) = rows.next()? {
+        let held: i64 = row.get(0)?;
+        if held > candidate {
+            break;
+        }
+        candidate = held + 1;
+    }
+    match u32::try_from(candidate) {
+        Ok(slot) if slot < max => Ok(slot),
+        _ => Err(StoreError::SlotsExhausted { max }),
+    }
+}
+
+fn insert_transition(
+    conn: &rusqlite::Connection,
+    id: &SandboxId,
+    from: Option<SandboxState>,
+    to: SandboxState,
+    at: UnixMillis,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO transitions (sandbox_id, from_state, to_state, at, reason) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        id.as_str(),
+        from.map(SandboxState::as_str),
+        to.as_str(),
+        at,
+        reason
+    ])?;
+    Ok(())
+}
+
+fn decode_sandbox(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
+    let c = Cols::new(row, "sandboxes", 0);
+    let id = c
+        .key()
+        .parse::<SandboxId>()
+        .map_err(|e| c.corrupt("id", e.to_string()))?;
+    Ok(SandboxRecord {
+        id,
+        state: c.parse(1, "state")?,
+        template: c.get(2, "template")?,
+        created_at: c.get(3, "created_at")?,
+        expires_at: c.get(4, "expires_at")?,
+        limits: c.json(5, "limits")?,
+        labels: c.json(6, "labels")?,
+        uid_slot: c.get(7, "uid_slot")?,
+        owner_pid: c.get(8, "owner_pid")?,
+        owner_start: c.get(9, "owner_start")?,
+        init_pid: c.get(10, "init_pid")?,
+        reason: c.get(11, "reason")?,
+        create_ms: c.get(12, "create_ms")?,
+    })
+}
+
+/// Serialising plain data structs with string keys cannot fail; if it ever
+/// does, report it as a conversion error rather than panic.
+fn json_bug(e: serde_json::Error) -> StoreError {
+    StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}

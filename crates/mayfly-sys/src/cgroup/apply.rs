@@ -1,0 +1,124 @@
+//! Creating a sandbox's cgroups, moving processes in, and reading usage.
+
+use std::io::{ErrorKind, Write};
+use std::path::Path;
+
+use super::{CgroupError, CgroupPlan, CgroupUsage, CpuUsageFile};
+
+/// Creates the plan's directories and performs its writes, in order.
+///
+/// Existing directories are reused: the shared parents always exist after the
+/// first sandbox, and a sandbox directory may be a pre-created one. If any
+/// step fails, the sandbox directories are removed again before the error is
+/// returned, so a failed create leaves nothing behind.
+pub fn apply(plan: &CgroupPlan) -> Result<(), CgroupError> {
+    for dir in &plan.shared_dirs {
+        mkdir(dir)?;
+    }
+    let result = plan
+        .sandbox_dirs
+        .iter()
+        .try_for_each(|dir| mkdir(dir))
+        .and_then(|()| {
+            plan.writes
+                .iter()
+                .try_for_each(|w| write_file(&w.file, &w.value))
+        });
+    if result.is_err() {
+        // The original error is the one worth reporting; a failure to clean
+        // up is found again by the leftover sweep at the next start.
+        let _ = super::remove(plan);
+    }
+    result
+}
+
+/// Moves `pid` (a whole process) into every sandbox directory of the plan.
+pub fn add_process(plan: &CgroupPlan, pid: i32) -> Result<(), CgroupError> {
+    let value = pid.to_string();
+    plan.sandbox_dirs
+        .iter()
+        .try_for_each(|dir| write_file(&dir.join("cgroup.procs"), &value))
+}
+
+/// Reads the sandbox's current memory, peak memory, CPU time and task count.
+pub fn read_usage(plan: &CgroupPlan) -> Result<CgroupUsage, CgroupError> {
+    let files = &plan.usage;
+    let memory_peak_bytes = match read_u64(&files.memory_peak) {
+        Ok(v) => Some(v),
+        Err(CgroupError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    let cpu_usec = match &files.cpu {
+        None => None,
+        Some(CpuUsageFile::AcctNanos(path)) => Some(read_u64(path)? / 1000),
+        Some(CpuUsageFile::StatUsec(path)) => Some(read_stat_key(path, "usage_usec")?),
+    };
+    Ok(CgroupUsage {
+        memory_bytes: read_u64(&files.memory_current)?,
+        memory_peak_bytes,
+        cpu_usec,
+        pids: read_u64(&files.pids_current)?,
+    })
+}
+
+fn mkdir(path: &Path) -> Result<(), CgroupError> {
+    match std::fs::create_dir(path) {
+        Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(CgroupError::Mkdir {
+            path: path.to_owned(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `value` with a single `write(2)`, as cgroupfs expects.
+pub(super) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    let err = |source| CgroupError::Write {
+        path: path.to_owned(),
+        value: value.to_owned(),
+        source,
+    };
+    // Truncating is a no-op on cgroupfs and keeps fake trees exact in tests.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(err)?;
+    let written = file.write(value.as_bytes()).map_err(err)?;
+    if written != value.len() {
+        return Err(err(std::io::Error::new(
+            ErrorKind::WriteZero,
+            "the kernel accepted only part of the value",
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn read_string(path: &Path) -> Result<String, CgroupError> {
+    std::fs::read_to_string(path).map_err(|source| CgroupError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_u64(path: &Path) -> Result<u64, CgroupError> {
+    let content = read_string(path)?;
+    content.trim().parse().map_err(|_| CgroupError::Parse {
+        path: path.to_owned(),
+        content: content.trim().chars().take(64).collect(),
+    })
+}
+
+/// Reads `key value` from a flat-keyed file such as `cpu.stat`.
+fn read_stat_key(path: &Path, key: &str) -> Result<u64, CgroupError> {
+    let content = read_string(path)?;
+    content
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .ok_or_else(|| CgroupError::Parse {
+            path: path.to_owned(),
+            content: format!("no `{key}` line"),
+        })
+}

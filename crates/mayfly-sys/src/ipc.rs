@@ -1,0 +1,161 @@
+//! Message passing between the daemon, the zygote and each sandbox's init:
+//! `SOCK_SEQPACKET` socket pairs that carry one message and its descriptors
+//! (`SCM_RIGHTS`) per packet, plus pipes.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+
+/// The largest message (excluding descriptors) any side sends.
+pub const MAX_MESSAGE: usize = 256 * 1024;
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = 8;
+
+/// A failed send or receive.
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    #[error("{op} failed")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the peer closed the channel")]
+    Closed,
+    #[error("a message was truncated (more than {MAX_MESSAGE} bytes or {MAX_FDS} descriptors)")]
+    Truncated,
+    #[error("the message is {0} bytes, more than the {MAX_MESSAGE} allowed")]
+    TooLarge(usize),
+}
+
+impl IpcError {
+    /// Whether a non-blocking call found nothing to do.
+    pub fn would_block(&self) -> bool {
+        matches!(self, IpcError::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+fn nix_err(op: &'static str, e: nix::Error) -> IpcError {
+    IpcError::Io {
+        op,
+        source: std::io::Error::from_raw_os_error(e as i32),
+    }
+}
+
+/// A connected pair of close-on-exec seqpacket sockets.
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), IpcError> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| nix_err("socketpair", e))
+}
+
+/// Sends one packet with optional descriptors.
+pub fn send(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), IpcError> {
+    if data.len() > MAX_MESSAGE {
+        return Err(IpcError::TooLarge(data.len()));
+    }
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+    let iov = [IoSlice::new(data)];
+    loop {
+        match sendmsg::<()>(
+            sock.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::Error::EINTR) => continue,
+            Err(nix::Error::EPIPE) | Err(nix::Error::ECONNRESET) => return Err(IpcError::Closed),
+            Err(e) => return Err(nix_err("sendmsg", e)),
+        }
+    }
+}
+
+/// Receives one packet and the descriptors that came with it. A zero-length
+/// read means the peer has closed. With `nonblocking`, an empty socket gives
+/// an error for which [`IpcError::would_block`] is true.
+pub fn recv(
+    sock: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    nonblocking: bool,
+) -> Result<Vec<OwnedFd>, IpcError> {
+    let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
+    if nonblocking {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    buf.resize(MAX_MESSAGE, 0);
+    let mut cbuf = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let (len, fds, truncated) = loop {
+        let mut iov = [IoSliceMut::new(buf.as_mut_slice())];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cbuf),
+            flags,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::ScmRights(raw) = c {
+                            for fd in raw {
+                                // SAFETY: SCM_RIGHTS hands us freshly installed
+                                // descriptors that nothing else owns.
+                                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                            }
+                        }
+                    }
+                }
+                let truncated = msg
+                    .flags
+                    .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+                break (msg.bytes, fds, truncated);
+            }
+            Err(nix::Error::EINTR) => continue,
+            Err(nix::Error::ECONNRESET) => return Err(IpcError::Closed),
+            Err(e) => return Err(nix_err("recvmsg", e)),
+        }
+    };
+    if truncated {
+        return Err(IpcError::Truncated);
+    }
+    if len == 0 && fds.is_empty() {
+        return Err(IpcError::Closed);
+    }
+    buf.truncate(len);
+    Ok(fds)
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub fn pipe() -> Result<(OwnedFd, OwnedFd), IpcError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| nix_err("pipe2", e))
+}
+
+/// Puts a descriptor into non-blocking mode (for async readers).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), IpcError> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(|e| nix_err("fcntl(F_GETFL)", e))?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(|e| nix_err("fcntl(F_SETFL)", e))?;
+    Ok(())
+}
+
+/// Registers an owned descriptor with the tokio reactor.
+pub fn register_async(
+    fd: OwnedFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: `fd` is owned and moved into the AsyncFd, so it cannot be
+    // closed or registered elsewhere while the registration lives.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}

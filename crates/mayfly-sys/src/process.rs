@@ -1,0 +1,311 @@
+//! Process and namespace syscalls: clone into new namespaces, id maps,
+//! pidfds, credentials, prctl and friends.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use crate::last_errno;
+
+/// A failed process or namespace operation, naming the pid involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("{op} failed")]
+    Call {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{op} on pid {pid} failed")]
+    Pid {
+        op: &'static str,
+        pid: i32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing `{value}` to {path} failed")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn call(op: &'static str) -> ProcessError {
+    ProcessError::Call {
+        op,
+        source: last_errno(),
+    }
+}
+
+/// The namespaces a sandbox's init is cloned into. The cgroup namespace is
+/// entered later, by init itself, once it has been placed in its cgroup.
+pub const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// Whether this is the parent or the child after a fork or clone.
+pub enum Forked {
+    Parent { pid: i32 },
+    Child,
+}
+
+/// Forks into new namespaces (fork-like: the child continues on a copy of
+/// the caller's stack). The parent also gets a pidfd for the child, made
+/// atomically by the kernel (`CLONE_PIDFD`), so there is no window in which
+/// the child could exit and its pid be reused before the pidfd exists.
+///
+/// # Safety
+/// The caller must be single-threaded, exactly as for `fork(2)`: the child
+/// gets a copy of only the calling thread.
+pub unsafe fn clone_into_namespaces(
+    flags: libc::c_int,
+) -> Result<(Forked, Option<OwnedFd>), ProcessError> {
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: with a null stack pointer clone behaves like fork; the caller
+    // guarantees there are no other threads whose state could be torn. With
+    // CLONE_PIDFD the kernel stores the pidfd through the parent_tid pointer,
+    // which points at a live local.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    match rc {
+        r if r < 0 => Err(call("clone")),
+        0 => Ok((Forked::Child, None)),
+        pid => {
+            // SAFETY: the kernel just installed this descriptor for us.
+            let fd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+            Ok((Forked::Parent { pid: pid as i32 }, Some(fd)))
+        }
+    }
+}
+
+/// Plain `fork(2)`.
+///
+/// # Safety
+/// Same contract as [`clone_into_namespaces`]: the caller is single-threaded.
+pub unsafe fn fork() -> Result<Forked, ProcessError> {
+    // SAFETY: the caller guarantees it is single-threaded.
+    match unsafe { libc::fork() } {
+        r if r < 0 => Err(call("fork")),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent { pid }),
+    }
+}
+
+/// Writes `uid_map` and `gid_map` of `pid`: inside ids `0..count` map to host
+/// ids `base..base+count`.
+pub fn write_id_maps(pid: i32, base: u32, count: u32) -> Result<(), ProcessError> {
+    let line = format!("0 {base} {count}\n");
+    for file in ["uid_map", "gid_map"] {
+        let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+        std::fs::write(&path, &line).map_err(|source| ProcessError::Write {
+            path,
+            value: line.trim().to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Opens a pidfd for `pid`.
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd, ProcessError> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(ProcessError::Pid {
+            op: "pidfd_open",
+            pid,
+            source: last_errno(),
+        });
+    }
+    // SAFETY: pidfd_open returned a fresh descriptor; it is close-on-exec.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sends `signal` through a pidfd (no pid-reuse race).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> Result<(), ProcessError> {
+    // SAFETY: plain syscall; a null siginfo means "as kill(2) would".
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        let e = last_errno();
+        // ESRCH: it is already gone, which is what the caller wanted.
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return Err(ProcessError::Call {
+                op: "pidfd_send_signal",
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `kill(2)`, treating "no such process" as success.
+pub fn kill(pid: i32, signal: i32) -> Result<(), ProcessError> {
+    // SAFETY: plain syscall with integer arguments.
+    if unsafe { libc::kill(pid, signal) } < 0 {
+        let e = last_errno();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return Err(ProcessError::Pid {
+                op: "kill",
+                pid,
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Becomes uid/gid 0 of the current user namespace, with no supplementary groups.
+pub fn become_root_in_userns() -> Result<(), ProcessError> {
+    set_ids(0, 0)
+}
+
+/// Sets real, effective and saved uid and gid; drops supplementary groups.
+pub fn set_ids(uid: u32, gid: u32) -> Result<(), ProcessError> {
+    // SAFETY: an empty group list is valid.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } < 0 {
+        return Err(call("setgroups"));
+    }
+    // SAFETY: plain syscalls with integer arguments.
+    if unsafe { libc::setresgid(gid, gid, gid) } < 0 {
+        return Err(call("setresgid"));
+    }
+    // SAFETY: as above.
+    if unsafe { libc::setresuid(uid, uid, uid) } < 0 {
+        return Err(call("setresuid"));
+    }
+    Ok(())
+}
+
+/// Enters a new cgroup namespace rooted at the caller's current cgroup.
+pub fn unshare_cgroup_ns() -> Result<(), ProcessError> {
+    // SAFETY: plain syscall.
+    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } < 0 {
+        return Err(call("unshare(CLONE_NEWCGROUP)"));
+    }
+    Ok(())
+}
+
+/// Asks the kernel to send `signal` to this process when its parent dies.
+pub fn set_parent_death_signal(signal: i32) -> Result<(), ProcessError> {
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) } < 0 {
+        return Err(call("prctl(PR_SET_PDEATHSIG)"));
+    }
+    Ok(())
+}
+
+/// Makes this process non-dumpable, so same-uid processes cannot ptrace it
+/// or open its `/proc/<pid>/mem`, `environ` or fds.
+pub fn set_non_dumpable() -> Result<(), ProcessError> {
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+        return Err(call("prctl(PR_SET_DUMPABLE)"));
+    }
+    Ok(())
+}
+
+/// Sets the UTS hostname.
+pub fn set_hostname(name: &str) -> Result<(), ProcessError> {
+    // SAFETY: the pointer and length describe `name`'s bytes.
+    if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
+        return Err(call("sethostname"));
+    }
+    Ok(())
+}
+
+/// Closes every descriptor at or above `from` except those in `keep`.
+pub fn close_fds_except(from: RawFd, keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&f| f >= from).collect();
+    keep.sort_unstable();
+    let mut lo = from as libc::c_uint;
+    for k in keep {
+        let k = k as libc::c_uint;
+        if k > lo {
+            // SAFETY: closing descriptors this process does not use any more.
+            unsafe { libc::syscall(libc::SYS_close_range, lo, k - 1, 0) };
+        }
+        lo = k + 1;
+    }
+    // SAFETY: as above, up to the highest possible descriptor.
+    unsafe { libc::syscall(libc::SYS_close_range, lo, libc::c_uint::MAX, 0) };
+}
+
+/// Resets every signal disposition to default and unblocks all signals, as
+/// a freshly exec'd program expects.
+pub fn reset_signals() {
+    // SAFETY: an all-empty sigset is valid; sigprocmask with it unblocks all.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+    for sig in 1..32 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: restoring the default handler is always valid.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// Starts a new session with the caller as its leader.
+pub fn setsid() -> Result<(), ProcessError> {
+    // SAFETY: plain syscall.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(call("setsid"));
+    }
+    Ok(())
+}
+
+/// Terminates the process immediately, without running destructors or
+/// flushing anything (the only safe exit in a forked child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no user-space state.
+    unsafe { libc::_exit(code) }
+}
+
+/// The start time of `pid` in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`), used with the pid to detect pid reuse.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses; the
+    // fields after the last ')' are well-formed.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// Sets SIGCHLD to SIG_IGN, so the kernel reaps children on exit.
+pub fn ignore_children() {
+    // SAFETY: setting a standard disposition for SIGCHLD.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+}
+
+/// Writes `value` to `/proc/<pid>/<file>`.
+pub fn write_proc(pid: i32, file: &str, value: &str) -> Result<(), ProcessError> {
+    let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+    std::fs::write(&path, value).map_err(|source| ProcessError::Write {
+        path,
+        value: value.to_owned(),
+        source,
+    })
+}

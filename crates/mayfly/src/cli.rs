@@ -1,0 +1,270 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use mayfly_client::Client;
+use mayfly_types::{CreateRequest, Limits, TemplateRef};
+
+pub const DEFAULT_SOCKET: &str = "/run/mayfly/mayfly.sock";
+
+/// Ephemeral, isolated sandboxes for agents and CI.
+#[derive(Debug, Parser)]
+#[command(name = "mayfly", version, about)]
+pub struct Cli {
+    /// The daemon's unix socket.
+    #[arg(long, global = true, env = "MAYFLY_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Talk to a daemon over TCP instead (e.g. http://127.0.0.1:7777).
+    #[arg(long, global = true, env = "MAYFLY_URL")]
+    pub url: Option<String>,
+    /// Bearer token for --url.
+    #[arg(long, global = true, env = "MAYFLY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// State directory (store, sandbox layers) for the daemon and daemonless runs.
+    #[arg(long, global = true, env = "MAYFLY_STATE_DIR", default_value = "/var/lib/mayfly")]
+    pub state_dir: PathBuf,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    Serve(ServeArgs),
+    /// Create a sandbox, run one command in it, destroy it.
+    Run(RunArgs),
+    /// Create a sandbox and print its id.
+    Create(CreateArgs),
+    /// Run a command in a sandbox.
+    Exec(ExecArgs),
+    /// List sandboxes.
+    Ps(PsArgs),
+    /// Destroy sandboxes.
+    Rm(RmArgs),
+    /// Show one sandbox.
+    Inspect(IdArgs),
+    /// Show lifecycle events.
+    Events(EventsArgs),
+    /// Show a sandbox's exec audit trail.
+    Audit(IdArgs),
+    /// Copy files between the host and a sandbox (`ID:PATH` names the sandbox side).
+    Cp(CpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Also listen on TCP (requires a token).
+    #[arg(long)]
+    pub tcp: Option<std::net::SocketAddr>,
+    /// File holding the bearer token for TCP.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Default TTL of a sandbox.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub default_ttl: std::time::Duration,
+    /// Maximum TTL a create may ask for.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub max_ttl: std::time::Duration,
+    /// Most sandboxes alive at once.
+    #[arg(long, default_value_t = 4096)]
+    pub max_sandboxes: u32,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct SpecArgs {
+    /// `host` or `dir:/path/to/rootfs`.
+    #[arg(long, short = 't', default_value = "host")]
+    pub template: TemplateRef,
+    /// Time to live (e.g. 30s, 10m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub ttl: Option<std::time::Duration>,
+    /// Memory limit (e.g. 512m, 2g).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// CPU quota in CPUs (e.g. 0.5, 2).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes and threads.
+    #[arg(long)]
+    pub pids: Option<u32>,
+    /// Size of /tmp (e.g. 64m).
+    #[arg(long, value_parser = parse_size)]
+    pub tmp: Option<u64>,
+    /// Sandbox-wide environment (KEY=VALUE).
+    #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+    pub env: Vec<(String, String)>,
+    /// Labels (KEY=VALUE).
+    #[arg(long = "label", short = 'l', value_parser = parse_kv)]
+    pub labels: Vec<(String, String)>,
+}
+
+impl SpecArgs {
+    pub fn request(&self) -> anyhow::Result<CreateRequest> {
+        let cpu_millis = match self.cpus {
+            Some(c) if !(c.is_finite() && c > 0.0 && c <= 256.0) => {
+                anyhow::bail!("--cpus must be a number between 0.01 and 256")
+            }
+            Some(c) => Some((c * 1000.0).round() as u32),
+            None => None,
+        };
+        Ok(CreateRequest {
+            template: Some(self.template.clone()),
+            ttl_secs: self.ttl.map(|d| d.as_secs().max(1)),
+            limits: Limits {
+                memory_bytes: self.memory,
+                cpu_millis,
+                pids: self.pids,
+                tmp_bytes: self.tmp,
+                nofile: None,
+            },
+            env: self.env.iter().cloned().collect(),
+            labels: self.labels.iter().cloned().collect(),
+        })
+    }
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct CommandArgs {
+    /// Working directory inside the sandbox.
+    #[arg(long, short = 'w')]
+    pub cwd: Option<String>,
+    /// Uid inside the sandbox.
+    #[arg(long, short = 'u')]
+    pub user: Option<u32>,
+    /// Kill the command (and everything it started) after this long.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// Pass this process's stdin to the command.
+    #[arg(long, short = 'i')]
+    pub interactive: bool,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
+    pub cmd: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    pub id: String,
+    /// Per-command environment (KEY=VALUE).
+    #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+    pub env: Vec<(String, String)>,
+    #[command(flatten)]
+    pub cmd: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Include destroyed and failed sandboxes.
+    #[arg(long, short = 'a')]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    #[arg(long, default_value_t = 0)]
+    pub since: i64,
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    pub src: String,
+    pub dst: String,
+}
+
+impl Cli {
+    /// A client for the configured daemon.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        match &self.url {
+            Some(url) => Ok(Client::tcp(url, self.token.as_deref())?),
+            None => Ok(Client::unix(&self.socket)),
+        }
+    }
+
+    /// Whether a daemon answers on the configured socket (or a URL is set).
+    pub fn daemon_reachable(&self) -> bool {
+        self.url.is_some() || std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+    }
+}
+
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("`{s}` is not KEY=VALUE")),
+    }
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let m = match s[i..].to_ascii_lowercase().as_str() {
+                "b" => 1,
+                "k" | "kb" | "kib" => 1 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                "t" | "tb" | "tib" => 1u64 << 40,
+                other => return Err(format!("unknown size unit `{other}`")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 512m or 2g"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999t").is_err());
+        assert!(parse_size("5x").is_err());
+    }
+
+    #[test]
+    fn kv_needs_a_key() {
+        assert_eq!(parse_kv("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert!(parse_kv("=x").is_err());
+        assert!(parse_kv("novalue").is_err());
+    }
+}

@@ -1,0 +1,82 @@
+//! `mayfly cp`: copy files and directories between the host and a sandbox.
+//! `ID:PATH` names the sandbox side; directories travel as tar archives.
+
+use std::path::Path;
+
+use anyhow::Context;
+use mayfly_types::{FileKind, SandboxId};
+
+use crate::cli::{Cli, CpArgs};
+use crate::output;
+
+/// Splits `mf-xxxxxxxxxxxx:/path` into the id and the path.
+fn remote(s: &str) -> Option<(SandboxId, String)> {
+    let (id, path) = s.split_once(':')?;
+    let id = id.parse().ok()?;
+    Some((id, path.to_owned()))
+}
+
+pub async fn cp(cli: &Cli, a: &CpArgs) -> anyhow::Result<i32> {
+    let c = cli.client()?;
+    let summary = match (remote(&a.src), remote(&a.dst)) {
+        (None, Some((id, dst))) => {
+            let src = Path::new(&a.src);
+            let meta = std::fs::symlink_metadata(src)
+                .with_context(|| format!("reading {}", src.display()))?;
+            if meta.is_dir() {
+                // Pack the directory as DST itself (like `cp -r src dst` into a new name).
+                let mut b = tar::Builder::new(Vec::new());
+                b.follow_symlinks(false);
+                b.append_dir_all(".", src)
+                    .with_context(|| format!("packing {}", src.display()))?;
+                let tarball = b.into_inner()?;
+                let _ = c
+                    .mkdir(
+                        &id,
+                        &mayfly_types::MkdirRequest {
+                            path: dst.clone(),
+                            parents: true,
+                            mode: None,
+                        },
+                    )
+                    .await;
+                let s = c.upload_tar(&id, &dst, tarball).await?;
+                serde_json::to_value(s)?
+            } else {
+                let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+                let st = c.write_file(&id, &dst, data, None).await?;
+                serde_json::to_value(st)?
+            }
+        }
+        (Some((id, src)), None) => {
+            let dst = Path::new(&a.dst);
+            let st = c.stat(&id, &src).await?;
+            if st.kind == FileKind::Dir {
+                let tarball = c.download_tar(&id, &src).await?;
+                std::fs::create_dir_all(dst)?;
+                let mut ar = tar::Archive::new(std::io::Cursor::new(tarball));
+                ar.set_preserve_permissions(false);
+                ar.set_unpack_xattrs(false);
+                // tar's unpack refuses entries that would land outside `dst`.
+                ar.unpack(dst)
+                    .with_context(|| format!("unpacking into {}", dst.display()))?;
+                serde_json::json!({"dir": dst})
+            } else {
+                let data = c.read_file(&id, &src).await?;
+                let target = if dst.is_dir() {
+                    dst.join(Path::new(&src).file_name().unwrap_or_default())
+                } else {
+                    dst.to_path_buf()
+                };
+                std::fs::write(&target, &data)
+                    .with_context(|| format!("writing {}", target.display()))?;
+                serde_json::json!({"file": target, "bytes": data.len()})
+            }
+        }
+        _ => anyhow::bail!("exactly one of SRC and DST must name a sandbox, as ID:PATH"),
+    };
+    if cli.json {
+        output::json(&summary)?;
+    }
+    Ok(0)
+}

@@ -1,0 +1,98 @@
+//! `mayfly run`: create, run one command, destroy. Through the daemon when
+//! one answers; otherwise with the same engine in this process.
+
+use std::io::Read;
+
+use mayfly_engine::{Caller, Engine, EngineConfig, SandboxApi, Zygote};
+use mayfly_types::{ExecEvent, ExecRequest};
+
+use crate::cli::{Cli, CommandArgs, RunArgs};
+use crate::output;
+
+pub fn exec_request(cmd: &CommandArgs, env: &[(String, String)]) -> anyhow::Result<ExecRequest> {
+    let stdin = if cmd.interactive {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf)?;
+        Some(buf.into())
+    } else {
+        None
+    };
+    Ok(ExecRequest {
+        argv: cmd.argv.clone(),
+        env: env.iter().cloned().collect(),
+        cwd: cmd.cwd.clone(),
+        uid: cmd.user,
+        gid: None,
+        stdin,
+        timeout_ms: cmd.timeout.map(|t| t.as_millis().max(1) as u64),
+        output_limit: None,
+    })
+}
+
+pub async fn run(cli: &Cli, a: &RunArgs, zygote: Option<Zygote>) -> anyhow::Result<i32> {
+    let create = a.spec.request()?;
+    let exec = exec_request(&a.cmd, &[])?;
+    match zygote {
+        None => run_remote(cli, create, exec).await,
+        Some(z) => run_local(cli, z, create, exec).await,
+    }
+}
+
+async fn run_remote(
+    cli: &Cli,
+    create: mayfly_types::CreateRequest,
+    exec: ExecRequest,
+) -> anyhow::Result<i32> {
+    let client = cli.client()?;
+    let sb = client.create(&create).await?;
+    let result = async {
+        if cli.json {
+            let r = client.exec(&sb.id, &exec).await?;
+            return output::finish(&r, true);
+        }
+        let mut stream = client.exec_stream(&sb.id, &exec).await?;
+        while let Some(ev) = stream.next_event().await? {
+            if let ExecEvent::Exit(r) = &ev {
+                return output::finish(r, false);
+            }
+            output::write_event(&ev)?;
+        }
+        anyhow::bail!("the daemon ended the stream without an exit status")
+    }
+    .await;
+    client.destroy(&sb.id).await?;
+    result
+}
+
+async fn run_local(
+    cli: &Cli,
+    zygote: Zygote,
+    create: mayfly_types::CreateRequest,
+    exec: ExecRequest,
+) -> anyhow::Result<i32> {
+    let cfg = EngineConfig {
+        state_dir: cli.state_dir.clone(),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(cfg, zygote)?;
+    let caller = Caller::new(format!("cli:pid={}", std::process::id()));
+    let sb = engine.create(create, &caller).await?;
+    let result = async {
+        if cli.json {
+            let r = engine.exec(&sb.id, exec, &caller).await?;
+            return output::finish(&r, true);
+        }
+        let mut rx = engine.exec_stream(&sb.id, exec, &caller).await?;
+        while let Some(ev) = rx.recv().await {
+            if let ExecEvent::Exit(r) = &ev {
+                return output::finish(r, false);
+            }
+            output::write_event(&ev)?;
+        }
+        anyhow::bail!("the sandbox ended before the command reported an exit status")
+    }
+    .await;
+    engine.destroy(&sb.id, &caller).await?;
+    engine.wait_cleanup().await;
+    result
+}

@@ -1,0 +1,56 @@
+//! `mayfly serve`: the daemon.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use mayfly_engine::{Engine, EngineConfig, Zygote};
+use mayfly_server::ServerOptions;
+
+use crate::cli::{Cli, ServeArgs};
+
+pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i32> {
+    let cfg = EngineConfig {
+        state_dir: cli.state_dir.clone(),
+        default_ttl: a.default_ttl,
+        max_ttl: a.max_ttl,
+        max_sandboxes: a.max_sandboxes,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(cfg, zygote).context("starting the engine")?;
+    engine.start_background();
+    let token = match (&a.token_file, &cli.token) {
+        (Some(f), _) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the token file {}", f.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, t) => t.clone(),
+    };
+    if a.tcp.is_some() && token.as_deref().is_none_or(str::is_empty) {
+        anyhow::bail!("--tcp needs a bearer token: pass --token-file or set MAYFLY_TOKEN");
+    }
+    let opts = ServerOptions {
+        tcp_token: token,
+        ..ServerOptions::default()
+    };
+    let app = mayfly_server::app(Arc::new(engine.clone()), opts);
+    let mut listeners = vec![mayfly_server::bind_unix(&cli.socket).await?];
+    if let Some(addr) = a.tcp {
+        listeners.push(mayfly_server::bind_tcp(addr).await?);
+    }
+    tracing::info!(socket = %cli.socket.display(), "mayfly daemon ready");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    mayfly_server::serve(app, listeners, shutdown).await?;
+    tracing::info!("shutting down: destroying live sandboxes");
+    engine.shutdown().await;
+    engine.wait_cleanup().await;
+    Ok(0)
+}
