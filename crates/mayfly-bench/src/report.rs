@@ -211,24 +211,24 @@ impl Report {
             );
         }
 
-        o.push_str("\n### Latency (milliseconds)\n\n| measure | N | p50 | p95 | p99 | max |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+        let mut rows = Vec::new();
         for (key, label) in MEASURES {
             if let Some(s) = self.get(key) {
-                let _ = writeln!(
-                    o,
-                    "| {label} | {} | {} | {} | {} | {} |",
-                    s.n,
-                    ms(s.p50),
-                    ms(s.p95),
-                    ms(s.p99),
-                    ms(s.max)
-                );
+                let (p50, p95, p99, max) = (ms(s.p50), ms(s.p95), ms(s.p99), ms(s.max));
+                rows.push(format!(
+                    "| {label} | {} | {p50} | {p95} | {p99} | {max} |",
+                    s.n
+                ));
             }
         }
-
-        o.push_str(
-            "\n### Ratios\n\n| ratio | of p50s | per-iteration median |\n| --- | ---: | ---: |\n",
+        table(
+            &mut o,
+            "Latency (milliseconds)",
+            "| measure | N | p50 | p95 | p99 | max |\n| --- | ---: | ---: | ---: | ---: | ---: |",
+            &rows,
         );
+
+        let mut rows = Vec::new();
         for (a, b, label) in [
             ("run_mayfly", "run_bwrap", "mayfly run / bwrap"),
             ("run_mayfly", "run_unshare", "mayfly run / unshare floor"),
@@ -238,16 +238,21 @@ impl Report {
         ] {
             if let Some((r, pm)) = self.ratio(a, b) {
                 let pm = pm.map_or("—".to_owned(), |p| format!("{p:.2}×"));
-                let _ = writeln!(o, "| {label} | {r:.2}× | {pm} |");
+                rows.push(format!("| {label} | {r:.2}× | {pm} |"));
             }
         }
         if let Some((e, f)) = self.p50("exec").zip(self.p50("fork_exec")) {
-            let _ = writeln!(
-                o,
+            rows.push(format!(
                 "| exec over API − fork+exec (p50s) | +{} ms | |",
                 ms(e - f)
-            );
+            ));
         }
+        table(
+            &mut o,
+            "Ratios",
+            "| ratio | of p50s | per-iteration median |\n| --- | ---: | ---: |",
+            &rows,
+        );
 
         if let Some(d) = &self.density {
             self.density_md(&mut o, d);
@@ -332,6 +337,13 @@ impl Report {
             "measures": measures, "targets": verdicts,
             "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
         })
+    }
+}
+
+/// A section with a table, left out when it would have no rows.
+fn table(o: &mut String, title: &str, header: &str, rows: &[String]) {
+    if !rows.is_empty() {
+        let _ = writeln!(o, "\n### {title}\n\n{header}\n{}", rows.join("\n"));
     }
 }
 

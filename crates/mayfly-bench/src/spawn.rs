@@ -187,7 +187,7 @@ pub fn measure(
                 continue;
             }
             if i >= warmup {
-                t.samples.push(took);
+                t.samples.push_at(i - warmup, took.as_secs_f64() * 1e3);
             }
         }
     }

@@ -6,10 +6,12 @@
 
 use serde_json::{json, Value};
 
-/// One measure's samples, in milliseconds.
+/// One measure's samples, in milliseconds, each tagged with the iteration
+/// it was taken in (so series sampled on different iterations still pair up).
 #[derive(Debug, Clone, Default)]
 pub struct Samples {
     ms: Vec<f64>,
+    at: Vec<usize>,
 }
 
 impl Samples {
@@ -17,12 +19,19 @@ impl Samples {
         Samples::default()
     }
 
+    /// Adds the sample of the next iteration.
     pub fn push(&mut self, d: std::time::Duration) {
-        self.ms.push(d.as_secs_f64() * 1e3);
+        self.push_ms(d.as_secs_f64() * 1e3);
     }
 
     pub fn push_ms(&mut self, ms: f64) {
+        self.push_at(self.ms.len(), ms);
+    }
+
+    /// Adds the sample of iteration `at`.
+    pub fn push_at(&mut self, at: usize, ms: f64) {
         self.ms.push(ms);
+        self.at.push(at);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -82,16 +91,17 @@ pub fn nearest_rank(sorted: &[f64], pct: f64) -> f64 {
     sorted[rank.clamp(1, n) - 1]
 }
 
-/// The median of the element-wise ratios `a[i] / b[i]` of two interleaved
-/// series: noise that hits one iteration hits both sides of its ratio.
+/// The median of the ratios `a[i] / b[i]` over the iterations `i` both
+/// interleaved series sampled: noise that hits one iteration hits both
+/// sides of its ratio.
 pub fn paired_ratio_median(a: &Samples, b: &Samples) -> Option<f64> {
-    let mut r: Vec<f64> = a
-        .values()
-        .iter()
-        .zip(b.values())
-        .filter(|(_, y)| **y > 0.0)
-        .map(|(x, y)| x / y)
-        .collect();
+    let by_iter: std::collections::HashMap<usize, f64> =
+        b.at.iter().copied().zip(b.ms.iter().copied()).collect();
+    let mut r: Vec<f64> =
+        a.at.iter()
+            .zip(&a.ms)
+            .filter_map(|(i, x)| Some(x / by_iter.get(i).filter(|y| **y > 0.0)?))
+            .collect();
     if r.is_empty() {
         return None;
     }
@@ -142,5 +152,15 @@ mod tests {
         let b = samples(&[1.0, 10.0, 4.0]);
         assert_eq!(paired_ratio_median(&a, &b), Some(2.0));
         assert_eq!(paired_ratio_median(&a, &Samples::new()), None);
+    }
+
+    #[test]
+    fn sparse_series_pair_on_their_iterations() {
+        let mut sparse = Samples::new();
+        sparse.push_at(0, 20.0);
+        sparse.push_at(2, 40.0);
+        let every = samples(&[2.0, 100.0, 4.0]);
+        // Iterations 0 and 2 only: 20/2 and 40/4.
+        assert_eq!(paired_ratio_median(&sparse, &every), Some(10.0));
     }
 }

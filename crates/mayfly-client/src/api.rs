@@ -2,23 +2,14 @@
 
 use bytes::Bytes;
 use http::Method;
+use mayfly_types::UploadSummary;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecRequest, ExecResult, FileStat, MkdirRequest, ProcessInfo,
     ProcessOutput, RenameRequest, SandboxId, SandboxInfo, SandboxList, SignalRequest,
     StartProcessRequest,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::{encode, json_body, Body, Client, ClientError, ExecStream};
-
-/// The result of a tar upload (mirrors the daemon's `UploadSummary`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UploadSummary {
-    pub files: u64,
-    pub dirs: u64,
-    pub symlinks: u64,
-    pub bytes: u64,
-}
 
 fn sandbox(id: &SandboxId) -> String {
     format!("/v1/sandboxes/{id}")

@@ -35,8 +35,8 @@ mod error;
 mod sse;
 mod transport;
 
-pub use api::UploadSummary;
 pub use error::{BoxError, ClientError};
+pub use mayfly_types::UploadSummary;
 pub use sse::ExecStream;
 
 use transport::Transport;

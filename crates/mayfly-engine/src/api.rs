@@ -6,6 +6,7 @@ use bytes::Bytes;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
     ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo, StartProcessRequest,
+    UploadSummary,
 };
 use tokio::sync::mpsc;
 
@@ -25,18 +26,10 @@ impl Caller {
 /// (or with the channel closing if the sandbox died underneath it).
 pub type ExecStream = mpsc::Receiver<ExecEvent>;
 
-/// The result of a tar upload.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct UploadSummary {
-    pub files: u64,
-    pub dirs: u64,
-    pub symlinks: u64,
-    pub bytes: u64,
-}
-
 #[async_trait]
 pub trait SandboxApi: Send + Sync + 'static {
-    async fn create(&self, req: CreateRequest, caller: &Caller) -> Result<SandboxInfo, EngineError>;
+    async fn create(&self, req: CreateRequest, caller: &Caller)
+        -> Result<SandboxInfo, EngineError>;
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError>;
     /// Live sandboxes, or all recorded ones with `all`.
     async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError>;
@@ -70,8 +63,11 @@ pub trait SandboxApi: Send + Sync + 'static {
         handle: u64,
         timeout_ms: Option<u64>,
     ) -> Result<ProcessInfo, EngineError>;
-    async fn process_output(&self, id: &SandboxId, handle: u64)
-        -> Result<ProcessOutput, EngineError>;
+    async fn process_output(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+    ) -> Result<ProcessOutput, EngineError>;
     async fn signal_process(
         &self,
         id: &SandboxId,
@@ -90,8 +86,7 @@ pub trait SandboxApi: Send + Sync + 'static {
     async fn stat(&self, id: &SandboxId, path: &str) -> Result<FileStat, EngineError>;
     async fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<FileStat>, EngineError>;
     async fn mkdir(&self, id: &SandboxId, req: MkdirRequest) -> Result<FileStat, EngineError>;
-    async fn remove(&self, id: &SandboxId, path: &str, recursive: bool)
-        -> Result<(), EngineError>;
+    async fn remove(&self, id: &SandboxId, path: &str, recursive: bool) -> Result<(), EngineError>;
     async fn rename(&self, id: &SandboxId, req: RenameRequest) -> Result<(), EngineError>;
     /// Unpacks a tar archive into directory `dir` inside the sandbox.
     async fn upload_tar(

@@ -13,7 +13,8 @@ pub mod plan;
 pub mod runtime;
 pub mod template;
 
-pub use api::{Caller, ExecStream, SandboxApi, UploadSummary};
+pub use api::{Caller, ExecStream, SandboxApi};
 pub use engine::{Engine, EngineConfig, RecoveryReport};
 pub use error::EngineError;
+pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;

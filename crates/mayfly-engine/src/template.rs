@@ -136,7 +136,8 @@ daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n\
 bin:x:2:2:bin:/bin:/usr/sbin/nologin\n\
 sys:x:3:3:sys:/dev:/usr/sbin/nologin\n\
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
-const GROUP: &str = "root:x:0:\ndaemon:x:1:\nbin:x:2:\nsys:x:3:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n";
+const GROUP: &str =
+    "root:x:0:\ndaemon:x:1:\nbin:x:2:\nsys:x:3:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n";
 const HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 
 /// Builds the `host` skeleton under `templates_dir` once, atomically (a
@@ -240,7 +241,11 @@ fn copy_tree(src: &Path, dst: &Path, rel: &Path) -> io::Result<()> {
         std::fs::set_permissions(dst, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
         for entry in std::fs::read_dir(src)? {
             let entry = entry?;
-            copy_tree(&entry.path(), &dst.join(entry.file_name()), &rel.join(entry.file_name()))?;
+            copy_tree(
+                &entry.path(),
+                &dst.join(entry.file_name()),
+                &rel.join(entry.file_name()),
+            )?;
         }
     } else if ft.is_file() {
         std::fs::copy(src, dst)?;
@@ -284,7 +289,11 @@ mod tests {
 
     #[test]
     fn dir_template_is_one_layer() {
-        let layers = plan_layers(&TemplateRef::Dir("/srv/rootfs".into()), Path::new("/s"), &[]);
+        let layers = plan_layers(
+            &TemplateRef::Dir("/srv/rootfs".into()),
+            Path::new("/s"),
+            &[],
+        );
         assert_eq!(
             layers,
             vec![Layer {

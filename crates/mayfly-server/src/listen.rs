@@ -158,6 +158,9 @@ type ServeFuture = Pin<Box<dyn Future<Output = Result<(), ListenError>> + Send>>
 /// Serves `app` on every listener until `shutdown` completes, then stops
 /// accepting, lets in-flight requests finish, and removes the unix socket.
 ///
+/// In-flight requests include exec streams, which last as long as their
+/// command: bound the wait with a timeout around this future if needed.
+///
 /// Each connection carries a [`Peer`], from which the authentication layer
 /// derives the caller and decides whether a token is needed.
 pub async fn serve(

@@ -67,13 +67,7 @@ pub fn send(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result
     let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
     let iov = [IoSlice::new(data)];
     loop {
-        match sendmsg::<()>(
-            sock.as_raw_fd(),
-            &iov,
-            cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
             Ok(_) => return Ok(()),
             Err(nix::Error::EINTR) => continue,
             Err(nix::Error::EPIPE) | Err(nix::Error::ECONNRESET) => return Err(IpcError::Closed),
@@ -98,12 +92,7 @@ pub fn recv(
     let mut cbuf = nix::cmsg_space!([RawFd; MAX_FDS]);
     let (len, fds, truncated) = loop {
         let mut iov = [IoSliceMut::new(buf.as_mut_slice())];
-        match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cbuf),
-            flags,
-        ) {
+        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cbuf), flags) {
             Ok(msg) => {
                 let mut fds = Vec::new();
                 if let Ok(cmsgs) = msg.cmsgs() {
@@ -152,9 +141,7 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), IpcError> {
 }
 
 /// Registers an owned descriptor with the tokio reactor.
-pub fn register_async(
-    fd: OwnedFd,
-) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+pub fn register_async(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: `fd` is owned and moved into the AsyncFd, so it cannot be
     // closed or registered elsewhere while the registration lives.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)

@@ -47,3 +47,12 @@ pub struct RenameRequest {
     pub from: String,
     pub to: String,
 }
+
+/// The result of a tar upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UploadSummary {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+}

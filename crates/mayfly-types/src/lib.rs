@@ -19,7 +19,7 @@ pub use exec::{
     ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, ProcessOutput, ProcessState,
     SignalRequest, StartProcessRequest, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT, MAX_TIMEOUT_MS,
 };
-pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, MAX_FILE_BYTES};
+pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, UploadSummary, MAX_FILE_BYTES};
 pub use id::{IdError, SandboxId};
 pub use limits::{LimitError, Limits, ResolvedLimits};
 pub use sandbox::{

@@ -198,7 +198,14 @@ mod tests {
             "dir:/srv/rootfs".parse::<TemplateRef>().unwrap(),
             TemplateRef::Dir("/srv/rootfs".into())
         );
-        for bad in ["", "docker:x", "dir:rel", "dir:/a/../b", "dir:/a:b", "dir:/a,b"] {
+        for bad in [
+            "",
+            "docker:x",
+            "dir:rel",
+            "dir:/a/../b",
+            "dir:/a:b",
+            "dir:/a,b",
+        ] {
             assert!(bad.parse::<TemplateRef>().is_err(), "{bad}");
         }
     }

@@ -22,7 +22,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "MAYFLY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// State directory (store, sandbox layers) for the daemon and daemonless runs.
-    #[arg(long, global = true, env = "MAYFLY_STATE_DIR", default_value = "/var/lib/mayfly")]
+    #[arg(
+        long,
+        global = true,
+        env = "MAYFLY_STATE_DIR",
+        default_value = "/var/lib/mayfly"
+    )]
     pub state_dir: PathBuf,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
@@ -244,7 +249,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a size like 512m or 2g"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 #[cfg(test)]

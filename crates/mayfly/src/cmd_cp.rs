@@ -43,7 +43,8 @@ pub async fn cp(cli: &Cli, a: &CpArgs) -> anyhow::Result<i32> {
                 let s = c.upload_tar(&id, &dst, tarball).await?;
                 serde_json::to_value(s)?
             } else {
-                let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+                let data =
+                    std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
                 let st = c.write_file(&id, &dst, data, None).await?;
                 serde_json::to_value(st)?
             }

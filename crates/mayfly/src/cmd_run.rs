@@ -74,9 +74,12 @@ async fn run_local(
         state_dir: cli.state_dir.clone(),
         ..EngineConfig::default()
     };
+    let t = std::time::Instant::now();
     let engine = Engine::new(cfg, zygote)?;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "engine ready");
     let caller = Caller::new(format!("cli:pid={}", std::process::id()));
     let sb = engine.create(create, &caller).await?;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "sandbox ready");
     let result = async {
         if cli.json {
             let r = engine.exec(&sb.id, exec, &caller).await?;
@@ -92,7 +95,10 @@ async fn run_local(
         anyhow::bail!("the sandbox ended before the command reported an exit status")
     }
     .await;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "command done");
     engine.destroy(&sb.id, &caller).await?;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "destroyed");
     engine.wait_cleanup().await;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "cleaned up");
     result
 }

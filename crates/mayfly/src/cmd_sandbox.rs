@@ -64,7 +64,12 @@ pub async fn rm(cli: &Cli, a: &RmArgs) -> anyhow::Result<i32> {
     let mut out = Vec::new();
     let mut failed = false;
     for raw in &a.ids {
-        let result = async { c.destroy(&parse_id(raw)?).await.map_err(anyhow::Error::from) }.await;
+        let result = async {
+            c.destroy(&parse_id(raw)?)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+        .await;
         match result {
             Ok(info) => {
                 if !cli.json {
@@ -119,7 +124,15 @@ pub async fn audit(cli: &Cli, a: &IdArgs) -> anyhow::Result<i32> {
         for x in trail {
             println!(
                 "{} exit={:?} signal={:?} timed_out={} {}us out={}B err={}B by={} argv={:?}",
-                x.at, x.exit_code, x.signal, x.timed_out, x.duration_us, x.stdout_bytes, x.stderr_bytes, x.caller, x.argv
+                x.at,
+                x.exit_code,
+                x.signal,
+                x.timed_out,
+                x.duration_us,
+                x.stdout_bytes,
+                x.stderr_bytes,
+                x.caller,
+                x.argv
             );
         }
     }

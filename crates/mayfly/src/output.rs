@@ -44,7 +44,9 @@ pub fn sandbox_table(list: &[SandboxInfo]) {
             s.id,
             s.state.as_str(),
             s.template.to_string(),
-            s.init_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            s.init_pid
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into()),
             s.create_ms
                 .map(|m| format!("{m:.2}"))
                 .unwrap_or_else(|| "-".into()),

@@ -14,12 +14,13 @@ use mayfly_types::{
 use tokio::sync::mpsc;
 
 use super::destroy::record_to_info;
-use super::exec::{check_limits, Collected, CommandSpec, Sink};
+use super::exec::{check_limits, Collected, CommandSpec, PumpOptions, Sink};
 use super::sandbox::Sandbox;
 use super::Engine;
-use crate::api::{Caller, ExecStream, SandboxApi, UploadSummary};
+use crate::api::{Caller, ExecStream, SandboxApi};
 use crate::files::{FsLimits, SandboxFs};
 use crate::EngineError;
+use mayfly_types::UploadSummary;
 
 impl Engine {
     /// The sandbox's file view, opened on first use through init's root.
@@ -85,9 +86,13 @@ impl Engine {
                 Arc::new(std::sync::Mutex::new(Collected::default())),
                 Arc::new(std::sync::Mutex::new(Collected::default())),
             ];
-            let r = engine
-                .pump(&sb, started, stdin, timeout, limit, sink, out)
-                .await;
+            let opts = PumpOptions {
+                stdin,
+                timeout,
+                limit,
+                sink,
+            };
+            let r = engine.pump(&sb, started, opts, out).await;
             engine.audit_exec(&sb, &spec.argv, Ok(&r), &caller);
             r
         })
@@ -96,7 +101,11 @@ impl Engine {
 
 #[async_trait]
 impl SandboxApi for Engine {
-    async fn create(&self, req: CreateRequest, caller: &Caller) -> Result<SandboxInfo, EngineError> {
+    async fn create(
+        &self,
+        req: CreateRequest,
+        caller: &Caller,
+    ) -> Result<SandboxInfo, EngineError> {
         self.create_sandbox(req, caller).await
     }
 
@@ -135,16 +144,28 @@ impl SandboxApi for Engine {
         }
     }
 
-    async fn exec(&self, id: &SandboxId, req: ExecRequest, caller: &Caller) -> Result<ExecResult, EngineError> {
+    async fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        caller: &Caller,
+    ) -> Result<ExecResult, EngineError> {
         let sb = self.live_ready(id)?;
         let fut = self.run_exec(&sb, req, Sink::Buffer, caller).await?;
         Ok(fut.await)
     }
 
-    async fn exec_stream(&self, id: &SandboxId, req: ExecRequest, caller: &Caller) -> Result<ExecStream, EngineError> {
+    async fn exec_stream(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        caller: &Caller,
+    ) -> Result<ExecStream, EngineError> {
         let sb = self.live_ready(id)?;
         let (tx, rx) = mpsc::channel(64);
-        let fut = self.run_exec(&sb, req, Sink::Channel(tx.clone()), caller).await?;
+        let fut = self
+            .run_exec(&sb, req, Sink::Channel(tx.clone()), caller)
+            .await?;
         tokio::spawn(async move {
             let r = fut.await;
             let _ = tx.send(ExecEvent::Exit(r)).await;
@@ -152,7 +173,12 @@ impl SandboxApi for Engine {
         Ok(rx)
     }
 
-    async fn start_process(&self, id: &SandboxId, req: StartProcessRequest, caller: &Caller) -> Result<ProcessInfo, EngineError> {
+    async fn start_process(
+        &self,
+        id: &SandboxId,
+        req: StartProcessRequest,
+        caller: &Caller,
+    ) -> Result<ProcessInfo, EngineError> {
         self.live_ready(id)?;
         self.start_process_impl(id, req, caller).await
     }
@@ -161,27 +187,51 @@ impl SandboxApi for Engine {
         self.list_processes_impl(id)
     }
 
-    async fn wait_process(&self, id: &SandboxId, handle: u64, timeout_ms: Option<u64>) -> Result<ProcessInfo, EngineError> {
+    async fn wait_process(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+        timeout_ms: Option<u64>,
+    ) -> Result<ProcessInfo, EngineError> {
         self.wait_process_impl(id, handle, timeout_ms).await
     }
 
-    async fn process_output(&self, id: &SandboxId, handle: u64) -> Result<ProcessOutput, EngineError> {
+    async fn process_output(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+    ) -> Result<ProcessOutput, EngineError> {
         self.process_output_impl(id, handle)
     }
 
-    async fn signal_process(&self, id: &SandboxId, handle: u64, signal: i32) -> Result<ProcessInfo, EngineError> {
+    async fn signal_process(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+        signal: i32,
+    ) -> Result<ProcessInfo, EngineError> {
         self.signal_process_impl(id, handle, signal)
     }
 
     async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
         let path = path.to_owned();
-        self.with_fs(id, move |fs| fs.read(&path, mayfly_types::MAX_FILE_BYTES).map(Bytes::from))
-            .await
+        self.with_fs(id, move |fs| {
+            fs.read(&path, mayfly_types::MAX_FILE_BYTES)
+                .map(Bytes::from)
+        })
+        .await
     }
 
-    async fn write_file(&self, id: &SandboxId, path: &str, data: Bytes, mode: Option<u32>) -> Result<FileStat, EngineError> {
+    async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: Bytes,
+        mode: Option<u32>,
+    ) -> Result<FileStat, EngineError> {
         let path = path.to_owned();
-        self.with_fs(id, move |fs| fs.write(&path, &data, mode, 0)).await
+        self.with_fs(id, move |fs| fs.write(&path, &data, mode, 0))
+            .await
     }
 
     async fn stat(&self, id: &SandboxId, path: &str) -> Result<FileStat, EngineError> {
@@ -201,17 +251,23 @@ impl SandboxApi for Engine {
 
     async fn remove(&self, id: &SandboxId, path: &str, recursive: bool) -> Result<(), EngineError> {
         let path = path.to_owned();
-        self.with_fs(id, move |fs| fs.remove(&path, recursive)).await
+        self.with_fs(id, move |fs| fs.remove(&path, recursive))
+            .await
     }
 
     async fn rename(&self, id: &SandboxId, req: RenameRequest) -> Result<(), EngineError> {
-        self.with_fs(id, move |fs| fs.rename(&req.from, &req.to)).await
+        self.with_fs(id, move |fs| fs.rename(&req.from, &req.to))
+            .await
     }
 
-    async fn upload_tar(&self, id: &SandboxId, dir: &str, tar: Bytes) -> Result<UploadSummary, EngineError> {
+    async fn upload_tar(
+        &self,
+        id: &SandboxId,
+        dir: &str,
+        tar: Bytes,
+    ) -> Result<UploadSummary, EngineError> {
         let dir = dir.to_owned();
-        self.with_fs(id, move |fs| fs.upload_tar(&dir, &tar))
-            .await
+        self.with_fs(id, move |fs| fs.upload_tar(&dir, &tar)).await
     }
 
     async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {

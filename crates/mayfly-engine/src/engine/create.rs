@@ -22,7 +22,9 @@ use crate::template::{plan_layers, Layer};
 use crate::EngineError;
 
 /// Environment keys must be non-empty, without `=` or NUL.
-pub(crate) fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<(), EngineError> {
+pub(crate) fn check_env(
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(), EngineError> {
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
             return Err(EngineError::Invalid(format!(
@@ -50,7 +52,11 @@ fn random_id() -> Result<SandboxId, EngineError> {
 }
 
 /// Per-sandbox directories: the mount point and one (upper, work) pair per layer.
-pub(crate) fn sandbox_dirs(cfg: &EngineConfig, id: &SandboxId, layers: usize) -> (PathBuf, PathBuf, Vec<(PathBuf, PathBuf)>) {
+pub(crate) fn sandbox_dirs(
+    cfg: &EngineConfig,
+    id: &SandboxId,
+    layers: usize,
+) -> (PathBuf, PathBuf, Vec<(PathBuf, PathBuf)>) {
     let dir = cfg.sandboxes_dir().join(id.as_str());
     let rootfs = dir.join("rootfs");
     let uppers = (0..layers)
@@ -59,7 +65,12 @@ pub(crate) fn sandbox_dirs(cfg: &EngineConfig, id: &SandboxId, layers: usize) ->
     (dir, rootfs, uppers)
 }
 
-fn make_dirs(dir: &Path, rootfs: &Path, uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
+fn make_dirs(
+    dir: &Path,
+    rootfs: &Path,
+    uppers: &[(PathBuf, PathBuf)],
+    uid_base: u32,
+) -> std::io::Result<()> {
     let mut b = std::fs::DirBuilder::new();
     // Traverse-only for others: init walks this path to its mount point
     // after becoming the sandbox's root, which is not root on the host.
@@ -85,7 +96,10 @@ impl Engine {
         let t0 = Instant::now();
         let inner = &self.inner;
         let cfg = &inner.cfg;
-        if inner.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+        if inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
             return Err(EngineError::ShuttingDown);
         }
         let template = req.template.clone().unwrap_or(TemplateRef::Host);
@@ -140,12 +154,15 @@ impl Engine {
             reason: None,
             create_ms: None,
         };
-        let slot = inner.store.insert_sandbox(&rec, cfg.slots()).map_err(|e| match e {
-            mayfly_store::StoreError::SlotsExhausted { max } => {
-                EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
-            }
-            e => e.into(),
-        })?;
+        let slot = inner
+            .store
+            .insert_sandbox(&rec, cfg.slots())
+            .map_err(|e| match e {
+                mayfly_store::StoreError::SlotsExhausted { max } => {
+                    EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
+                }
+                e => e.into(),
+            })?;
         let uid_base = EngineConfig::uid_base(slot);
         let layers = plan_layers(&template, &inner.skeleton, &inner.host);
         let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
@@ -154,7 +171,9 @@ impl Engine {
         let env = base_env(&id, &req.env);
 
         let result = self
-            .bring_up(&id, uid_base, &layers, &cgroup, &dir, &rootfs, &uppers, &limits, &env)
+            .bring_up(
+                &id, uid_base, &layers, &cgroup, &dir, &rootfs, &uppers, &limits, &env,
+            )
             .await;
         let (pid, pidfd, conn) = match result {
             Ok(x) => x,
@@ -176,7 +195,6 @@ impl Engine {
             uid_base,
             pid,
             rec.expires_at,
-            limits,
             conn.clone(),
             pidfd,
             cgroup,
@@ -223,7 +241,8 @@ impl Engine {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        make_dirs(dir, rootfs, uppers, uid_base).map_err(|e| internal("creating directories", &e))?;
+        make_dirs(dir, rootfs, uppers, uid_base)
+            .map_err(|e| internal("creating directories", &e))?;
         mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("creating cgroups", &e))?;
         let plan = SpawnPlan {
             id: id.to_string(),
@@ -248,17 +267,20 @@ impl Engine {
             .spawn(&plan)
             .await
             .map_err(|e| internal("spawning init", &e))?;
-        let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd).map_err(|e| internal("watching init", &e))?;
+        let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)
+            .map_err(|e| internal("watching init", &e))?;
         let conn = InitConn::new(spawned.ctl).map_err(|e| internal("connecting to init", &e))?;
         let ready = tokio::time::timeout(self.inner.cfg.setup_timeout, conn.wait_ready()).await;
         match ready {
             Ok(Ok(())) => Ok((spawned.pid, pidfd, conn)),
             Ok(Err(e)) => {
-                let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+                let _ =
+                    mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
                 Err(internal("setting up", &e))
             }
             Err(_) => {
-                let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+                let _ =
+                    mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
                 Err(internal("setting up", &"init did not report ready in time"))
             }
         }
@@ -266,9 +288,15 @@ impl Engine {
 }
 
 /// The environment every command of a sandbox starts from.
-fn base_env(id: &SandboxId, extra: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+fn base_env(
+    id: &SandboxId,
+    extra: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, String)> {
     let mut env: std::collections::BTreeMap<String, String> = [
-        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
         ("HOME", "/root"),
         ("LANG", "C.UTF-8"),
         ("TERM", "xterm"),

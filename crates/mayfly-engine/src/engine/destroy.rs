@@ -39,7 +39,8 @@ impl Engine {
             tracing::error!(id = %sb.id, "init did not exit within 10 s of SIGKILL");
         }
         let cgroup = sb.cgroup.clone();
-        let removed = tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
+        let removed =
+            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
         let cgroup_ok = matches!(removed, Ok(Ok(())));
         if !cgroup_ok {
             tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
@@ -53,10 +54,17 @@ impl Engine {
         let (state, why) = if cgroup_ok {
             (SandboxState::Destroyed, reason.to_owned())
         } else {
-            (SandboxState::Failed, format!("{reason}; cgroup removal failed"))
+            (
+                SandboxState::Failed,
+                format!("{reason}; cgroup removal failed"),
+            )
         };
         store.transition(&sb.id, state, Some(&why))?;
-        store.add_event(Some(&sb.id), "destroyed", &serde_json::json!({"reason": why}))?;
+        store.add_event(
+            Some(&sb.id),
+            "destroyed",
+            &serde_json::json!({"reason": why}),
+        )?;
         sb.done.store(true, Ordering::SeqCst);
         sb.destroyed.notify_waiters();
         self.info(&sb.id)
@@ -79,7 +87,11 @@ impl Engine {
         let task = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(&doomed);
         });
-        let mut pending = self.inner.cleanups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self
+            .inner
+            .cleanups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         pending.retain(|t| !t.is_finished());
         pending.push(task);
     }
@@ -87,7 +99,11 @@ impl Engine {
     /// Waits until every directory removal started so far has finished.
     pub async fn wait_cleanup(&self) {
         let tasks: Vec<_> = std::mem::take(
-            &mut *self.inner.cleanups.lock().unwrap_or_else(|p| p.into_inner()),
+            &mut *self
+                .inner
+                .cleanups
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
         );
         for t in tasks {
             let _ = t.await;

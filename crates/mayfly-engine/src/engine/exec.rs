@@ -41,11 +41,17 @@ impl CommandSpec {
             return Err(EngineError::Invalid("argv must name a program".into()));
         }
         if self.argv.iter().any(|a| a.contains('\0')) {
-            return Err(EngineError::Invalid("argv must not contain NUL bytes".into()));
+            return Err(EngineError::Invalid(
+                "argv must not contain NUL bytes".into(),
+            ));
         }
         super::create::check_env(&self.env)?;
         let size: usize = self.argv.iter().map(|a| a.len() + 1).sum::<usize>()
-            + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
+            + self
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>();
         if size > MAX_COMMAND_BYTES {
             return Err(EngineError::Invalid(format!(
                 "argv and env total {size} bytes; the limit is {MAX_COMMAND_BYTES}"
@@ -70,7 +76,10 @@ impl CommandSpec {
     }
 }
 
-pub(crate) fn check_limits(timeout_ms: Option<u64>, output_limit: Option<u64>) -> Result<u64, EngineError> {
+pub(crate) fn check_limits(
+    timeout_ms: Option<u64>,
+    output_limit: Option<u64>,
+) -> Result<u64, EngineError> {
     if timeout_ms.is_some_and(|t| t == 0 || t > MAX_TIMEOUT_MS) {
         return Err(EngineError::Invalid(format!(
             "timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"
@@ -101,6 +110,14 @@ pub(crate) struct Started {
 pub(crate) enum Sink {
     Buffer,
     Channel(mpsc::Sender<ExecEvent>),
+}
+
+/// How to drive a started command.
+pub(crate) struct PumpOptions {
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+    pub limit: u64,
+    pub sink: Sink,
 }
 
 /// One output stream as collected so far.
@@ -167,12 +184,15 @@ impl Engine {
         &self,
         sb: &Arc<Sandbox>,
         started: Started,
-        stdin: Option<Vec<u8>>,
-        timeout: Option<Duration>,
-        limit: u64,
-        sink: Sink,
+        opts: PumpOptions,
         out: [Arc<Mutex<Collected>>; 2],
     ) -> ExecResult {
+        let PumpOptions {
+            stdin,
+            timeout,
+            limit,
+            sink,
+        } = opts;
         let Started {
             handle,
             exit,
@@ -191,8 +211,24 @@ impl Engine {
         });
         let [out_c, err_c] = out;
         let readers = [
-            tokio::spawn(read_stream(stdout, limit, sink.clone(), false, out_c.clone(), sb.clone(), handle)),
-            tokio::spawn(read_stream(stderr, limit, sink.clone(), true, err_c.clone(), sb.clone(), handle)),
+            tokio::spawn(read_stream(
+                stdout,
+                limit,
+                sink.clone(),
+                false,
+                out_c.clone(),
+                sb.clone(),
+                handle,
+            )),
+            tokio::spawn(read_stream(
+                stderr,
+                limit,
+                sink.clone(),
+                true,
+                err_c.clone(),
+                sb.clone(),
+                handle,
+            )),
         ];
         let mut timed_out = false;
         let mut exit = exit;
@@ -245,7 +281,13 @@ impl Engine {
         }
     }
 
-    pub(crate) fn audit_exec(&self, sb: &Sandbox, argv: &[String], r: Result<&ExecResult, &EngineError>, caller: &Caller) {
+    pub(crate) fn audit_exec(
+        &self,
+        sb: &Sandbox,
+        argv: &[String],
+        r: Result<&ExecResult, &EngineError>,
+        caller: &Caller,
+    ) {
         let mut a = ExecAudit {
             sandbox_id: sb.id.to_string(),
             at: now_ms(),

@@ -69,7 +69,10 @@ impl Engine {
         for d in [cfg.state_dir.clone(), cfg.sandboxes_dir()] {
             std::fs::create_dir_all(&d)
                 .and_then(|()| {
-                    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+                    std::fs::set_permissions(
+                        &d,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+                    )
                 })
                 .map_err(|e| EngineError::Internal(format!("preparing {}: {e}", d.display())))?;
         }

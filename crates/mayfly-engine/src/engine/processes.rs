@@ -6,12 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mayfly_types::{
-    Bytes64, ExitStatus, ProcessInfo, ProcessOutput, ProcessState, SandboxId,
-    StartProcessRequest,
+    Bytes64, ExitStatus, ProcessInfo, ProcessOutput, ProcessState, SandboxId, StartProcessRequest,
 };
 use tokio::sync::watch;
 
-use super::exec::{check_limits, Collected, CommandSpec, Sink};
+use super::exec::{check_limits, Collected, CommandSpec, PumpOptions, Sink};
 use super::{now_ms, Engine};
 use crate::api::Caller;
 use crate::EngineError;
@@ -105,7 +104,17 @@ impl Engine {
         let argv = spec.argv;
         tokio::spawn(async move {
             let r = engine
-                .pump(&sb2, started, None, None, limit, Sink::Buffer, out.clone())
+                .pump(
+                    &sb2,
+                    started,
+                    PumpOptions {
+                        stdin: None,
+                        timeout: None,
+                        limit,
+                        sink: Sink::Buffer,
+                    },
+                    out.clone(),
+                )
                 .await;
             // pump drained the buffers into `r`; put them back for readers.
             restore(&out[0], &r.stdout);
@@ -128,7 +137,10 @@ impl Engine {
             })
     }
 
-    pub(crate) fn list_processes_impl(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, EngineError> {
+    pub(crate) fn list_processes_impl(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<ProcessInfo>, EngineError> {
         let sb = self.lookup(id)?;
         let procs = sb.procs.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<_> = procs.values().map(|p| p.info()).collect();
@@ -156,7 +168,11 @@ impl Engine {
         Ok(p.info())
     }
 
-    pub(crate) fn process_output_impl(&self, id: &SandboxId, handle: u64) -> Result<ProcessOutput, EngineError> {
+    pub(crate) fn process_output_impl(
+        &self,
+        id: &SandboxId,
+        handle: u64,
+    ) -> Result<ProcessOutput, EngineError> {
         let p = self.process(id, handle)?;
         let info = p.info();
         let read = |c: &Arc<Mutex<Collected>>| {
@@ -182,7 +198,9 @@ impl Engine {
         signal: i32,
     ) -> Result<ProcessInfo, EngineError> {
         if !(1..=64).contains(&signal) {
-            return Err(EngineError::Invalid(format!("signal {signal} is not a valid signal number")));
+            return Err(EngineError::Invalid(format!(
+                "signal {signal} is not a valid signal number"
+            )));
         }
         let sb = self.lookup(id)?;
         let p = self.process(id, handle)?;

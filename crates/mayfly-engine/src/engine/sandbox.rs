@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use mayfly_sys::cgroup::CgroupPlan;
-use mayfly_types::{ResolvedLimits, SandboxId};
+use mayfly_types::SandboxId;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
@@ -20,7 +20,6 @@ pub(crate) struct Sandbox {
     pub uid_base: u32,
     pub init_pid: i32,
     pub expires_at: u64,
-    pub limits: ResolvedLimits,
     pub conn: Arc<InitConn>,
     pub pidfd: AsyncFd<OwnedFd>,
     pub cgroup: CgroupPlan,
@@ -44,7 +43,6 @@ impl Sandbox {
         uid_base: u32,
         init_pid: i32,
         expires_at: u64,
-        limits: ResolvedLimits,
         conn: Arc<InitConn>,
         pidfd: AsyncFd<OwnedFd>,
         cgroup: CgroupPlan,
@@ -56,7 +54,6 @@ impl Sandbox {
             uid_base,
             init_pid,
             expires_at,
-            limits,
             conn,
             pidfd,
             cgroup,

@@ -73,10 +73,11 @@ fn cpu_quota_usec(limits: &ResolvedLimits) -> u64 {
 ///
 /// A controller is usable in a cgroup only when every ancestor enables it for
 /// its children, so the root and `mayfly` both get `+memory +cpu +pids`
-/// (idempotent writes). Swap is off (`memory.swap.max = 0`), and
-/// `memory.oom.group` makes an OOM kill take the whole sandbox rather than
-/// leave it half-dead; init protects itself with `oom_score_adj = -1000`,
-/// which the group kill respects.
+/// (idempotent writes). Swap is off (`memory.swap.max = 0`).
+/// `memory.oom.group` is left off, as on v1 and in Docker: an OOM kill takes
+/// the process that grew, not the sandbox, so the task can read the failure
+/// and go on (init cannot always shield itself: lowering its
+/// `oom_score_adj` needs CAP_SYS_RESOURCE, which some hosts withhold).
 fn plan_v2(root: &Path, id: &SandboxId, limits: &ResolvedLimits) -> CgroupPlan {
     let parent = root.join(PARENT_DIR);
     let sb = parent.join(id.as_str());
@@ -89,7 +90,6 @@ fn plan_v2(root: &Path, id: &SandboxId, limits: &ResolvedLimits) -> CgroupPlan {
             CgroupWrite::new(parent.join("cgroup.subtree_control"), V2_SUBTREE),
             CgroupWrite::new(sb.join("memory.max"), limits.memory_bytes.to_string()),
             CgroupWrite::new(sb.join("memory.swap.max"), "0"),
-            CgroupWrite::new(sb.join("memory.oom.group"), "1"),
             CgroupWrite::new(
                 sb.join("cpu.max"),
                 format!("{} {CPU_PERIOD_USEC}", cpu_quota_usec(limits)),
@@ -238,7 +238,6 @@ mod tests {
                 ),
                 w(&format!("{sb}/memory.max"), "536870912"),
                 w(&format!("{sb}/memory.swap.max"), "0"),
-                w(&format!("{sb}/memory.oom.group"), "1"),
                 w(&format!("{sb}/cpu.max"), "100000 100000"),
                 w(&format!("{sb}/pids.max"), "512"),
             ],

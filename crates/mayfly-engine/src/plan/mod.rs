@@ -1,4 +1,4 @@
 pub mod cgroup;
 pub mod hardening;
-pub mod seccomp;
 pub mod mounts;
+pub mod seccomp;

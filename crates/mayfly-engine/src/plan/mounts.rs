@@ -13,9 +13,14 @@ use mayfly_types::ResolvedLimits;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MountOp {
     /// Create a directory if missing (a mount point in a `dir:` template).
-    Mkdir { path: PathBuf, mode: u32 },
+    Mkdir {
+        path: PathBuf,
+        mode: u32,
+    },
     /// A fresh procfs for the sandbox's pid namespace.
-    Proc { path: PathBuf },
+    Proc {
+        path: PathBuf,
+    },
     /// A size-limited tmpfs.
     Tmpfs {
         path: PathBuf,
@@ -23,18 +28,34 @@ pub enum MountOp {
         noexec: bool,
     },
     /// Bind one host device node (null, zero, …) onto an empty file.
-    BindDevice { src: PathBuf, dst: PathBuf },
+    BindDevice {
+        src: PathBuf,
+        dst: PathBuf,
+    },
     /// A private devpts instance, so ptys are not shared with the host.
-    Devpts { path: PathBuf },
-    Symlink { target: PathBuf, link: PathBuf },
+    Devpts {
+        path: PathBuf,
+    },
+    Symlink {
+        target: PathBuf,
+        link: PathBuf,
+    },
     /// Read-only sysfs (owned by the sandbox's network namespace).
-    Sysfs { path: PathBuf },
+    Sysfs {
+        path: PathBuf,
+    },
     /// Hide a file by binding `/dev/null` over it (skipped if absent).
-    MaskFile { path: PathBuf },
+    MaskFile {
+        path: PathBuf,
+    },
     /// Hide a directory under an empty read-only tmpfs (skipped if absent).
-    MaskDir { path: PathBuf },
+    MaskDir {
+        path: PathBuf,
+    },
     /// Make a path read-only (skipped if absent).
-    ReadOnly { path: PathBuf },
+    ReadOnly {
+        path: PathBuf,
+    },
 }
 
 /// Device nodes every sandbox gets, bound from the host's `/dev`.
@@ -160,9 +181,21 @@ pub fn before_pivot(root: &Path, limits: &ResolvedLimits) -> Vec<MountOp> {
 /// Steps taken after `pivot_root`: masks over the sandbox's own proc and sys.
 pub fn after_pivot() -> Vec<MountOp> {
     let mut ops = Vec::new();
-    ops.extend(MASKED_FILES.iter().map(|p| MountOp::MaskFile { path: p.into() }));
-    ops.extend(MASKED_DIRS.iter().map(|p| MountOp::MaskDir { path: p.into() }));
-    ops.extend(READONLY.iter().map(|p| MountOp::ReadOnly { path: p.into() }));
+    ops.extend(
+        MASKED_FILES
+            .iter()
+            .map(|p| MountOp::MaskFile { path: p.into() }),
+    );
+    ops.extend(
+        MASKED_DIRS
+            .iter()
+            .map(|p| MountOp::MaskDir { path: p.into() }),
+    );
+    ops.extend(
+        READONLY
+            .iter()
+            .map(|p| MountOp::ReadOnly { path: p.into() }),
+    );
     ops
 }
 

@@ -53,7 +53,11 @@ pub fn exec_command(
         return Err((libc::ENOENT, "resolve".into()));
     }
     let to_c = |s: &str| CString::new(s).map_err(|_| (libc::EINVAL, "nul byte".to_owned()));
-    let argv = cmd.argv.iter().map(|a| to_c(a)).collect::<Result<Vec<_>, _>>()?;
+    let argv = cmd
+        .argv
+        .iter()
+        .map(|a| to_c(a))
+        .collect::<Result<Vec<_>, _>>()?;
     let envp = cmd
         .env
         .iter()

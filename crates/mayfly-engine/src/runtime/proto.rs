@@ -52,7 +52,11 @@ pub enum InitRequest {
     /// Start a command; carries stdin, stdout and stderr descriptors.
     Spawn(Box<SpawnCommand>),
     /// Signal a command, or its whole session with `tree`.
-    Signal { handle: u64, signal: i32, tree: bool },
+    Signal {
+        handle: u64,
+        signal: i32,
+        tree: bool,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -69,8 +73,21 @@ pub struct SpawnCommand {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum InitEvent {
     Ready,
-    SetupFailed { message: String },
-    Spawned { handle: u64, pid: i32 },
-    SpawnFailed { handle: u64, errno: i32, stage: String },
-    Exited { handle: u64, code: Option<i32>, signal: Option<i32> },
+    SetupFailed {
+        message: String,
+    },
+    Spawned {
+        handle: u64,
+        pid: i32,
+    },
+    SpawnFailed {
+        handle: u64,
+        errno: i32,
+        stage: String,
+    },
+    Exited {
+        handle: u64,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
 }

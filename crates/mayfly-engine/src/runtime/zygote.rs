@@ -118,8 +118,8 @@ fn spawn_init(plan: &SpawnPlan) -> Result<(i32, OwnedFd, OwnedFd), String> {
     let (ctl_daemon, ctl_init) = ipc::seqpacket_pair().map_err(|e| s(&e))?;
     let (setup_parent, setup_child) = ipc::seqpacket_pair().map_err(|e| s(&e))?;
     // SAFETY: the zygote is single-threaded.
-    let forked =
-        unsafe { process::clone_into_namespaces(process::SANDBOX_NAMESPACES) }.map_err(|e| s(&e))?;
+    let forked = unsafe { process::clone_into_namespaces(process::SANDBOX_NAMESPACES) }
+        .map_err(|e| s(&e))?;
     let (pid, pidfd) = match forked {
         (process::Forked::Child, _) => {
             drop(ctl_daemon);
