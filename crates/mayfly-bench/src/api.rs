@@ -50,68 +50,100 @@ pub async fn create(
     Ok((sb, took))
 }
 
+/// One sandbox's life: how long its create, destroy and full cleanup took.
+struct Cycle {
+    create: Duration,
+    create_daemon_ms: Option<f64>,
+    destroy: Duration,
+    cleanup: Duration,
+}
+
+/// Creates a sandbox, destroys it, waits until it is fully gone.
+async fn cycle(d: &Daemon, host: &Host, ledger: &mut Ledger, first: bool) -> anyhow::Result<Cycle> {
+    let (sb, create_took) = create(&d.client, ledger).await?;
+    let traces = sandbox_traces(host, &d.state_dir, sb.id.as_str());
+    if first {
+        // If none of the paths we wait on exists, "cleanup" would be
+        // measured as instant: check that they name real things.
+        let present = traces.iter().filter(|p| p.exists()).count();
+        ensure!(
+            present >= 2,
+            "sandbox {} has only {present} of the directories this bench waits on ({traces:?}): \
+             the cleanup measure would be meaningless",
+            sb.id
+        );
+    }
+    let t = Instant::now();
+    d.client
+        .destroy(&sb.id)
+        .await
+        .with_context(|| format!("destroying {}", sb.id))?;
+    let destroy = t.elapsed();
+    let Some(cleanup) = wait_gone(host, &traces, sb.init_pid, t, CLEANUP_LIMIT) else {
+        let left: Vec<_> = traces.iter().filter(|p| p.exists()).collect();
+        bail!(
+            "sandbox {} left {left:?} behind {CLEANUP_LIMIT:?} after destroy",
+            sb.id
+        );
+    };
+    Ok(Cycle {
+        create: create_took,
+        create_daemon_ms: sb.create_ms,
+        destroy,
+        cleanup,
+    })
+}
+
 /// Cold create, destroy, and full cleanup, one sandbox at a time. Each
 /// create starts only after the previous sandbox is fully gone, so it never
 /// competes with background cleanup.
+///
+/// Then `idle.0` more cycles, each after `idle.1` of idleness: a sandbox
+/// asked for now and then, rather than in a tight loop, may meet colder
+/// caches and kernel state (RCU-synchronised cgroup and mount paths).
 pub async fn lifecycle(
     d: &Daemon,
     host: &Host,
     iterations: usize,
     warmup: usize,
+    idle: (usize, Duration),
     ledger: &mut Ledger,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let (mut create_s, mut create_d, mut destroy_s, mut cleanup_s) = (
-        Samples::new(),
-        Samples::new(),
-        Samples::new(),
-        Samples::new(),
-    );
+    let mut s: [Samples; 6] = Default::default();
+    let mut daemon_ms = Some(Samples::new());
     for i in 0..warmup + iterations {
-        let (sb, took) = create(&d.client, ledger).await?;
-        let traces = sandbox_traces(host, &d.state_dir, sb.id.as_str());
-        if i == 0 {
-            // If none of the paths we wait on exists, "cleanup" would be
-            // measured as instant: check that they name real things.
-            let present = traces.iter().filter(|p| p.exists()).count();
-            ensure!(
-                present >= 2,
-                "sandbox {} has only {present} of the directories this bench waits on ({:?}): \
-                 the cleanup measure would be meaningless",
-                sb.id,
-                traces
-            );
-        }
-        let t = Instant::now();
-        d.client
-            .destroy(&sb.id)
-            .await
-            .with_context(|| format!("destroying {}", sb.id))?;
-        let destroy = t.elapsed();
-        let Some(full) = wait_gone(host, &traces, sb.init_pid, t, CLEANUP_LIMIT) else {
-            let left: Vec<_> = traces.iter().filter(|p| p.exists()).collect();
-            bail!(
-                "sandbox {} left {left:?} behind {CLEANUP_LIMIT:?} after destroy",
-                sb.id
-            );
-        };
+        let c = cycle(d, host, ledger, i == 0).await?;
         if i >= warmup {
-            create_s.push(took);
-            create_d.push_ms(sb.create_ms.unwrap_or(f64::NAN));
-            destroy_s.push(destroy);
-            cleanup_s.push(full);
+            s[0].push(c.create);
+            s[1].push(c.destroy);
+            s[2].push(c.cleanup);
+            match (&mut daemon_ms, c.create_daemon_ms) {
+                (Some(v), Some(ms)) => v.push_ms(ms),
+                _ => daemon_ms = None,
+            }
         }
     }
-    if create_d.values().iter().all(|v| v.is_finite()) {
-        report.add("create_daemon", create_d);
-    } else {
-        report.note(
-            "The daemon did not report `create_ms` for every sandbox; its own figure is left out.",
-        );
+    for _ in 0..idle.0 {
+        tokio::time::sleep(idle.1).await;
+        let c = cycle(d, host, ledger, false).await?;
+        s[3].push(c.create);
+        s[4].push(c.destroy);
+        s[5].push(c.cleanup);
     }
-    report.add("create", create_s);
-    report.add("destroy", destroy_s);
-    report.add("cleanup", cleanup_s);
+    match daemon_ms {
+        Some(v) => report.add("create_daemon", v),
+        None => report.note(
+            "The daemon did not report `create_ms` for every sandbox; its own figure is left out.",
+        ),
+    }
+    let [create, destroy, cleanup, create_idle, destroy_idle, cleanup_idle] = s;
+    report.add("create", create);
+    report.add("destroy", destroy);
+    report.add("cleanup", cleanup);
+    report.add("create_idle", create_idle);
+    report.add("destroy_idle", destroy_idle);
+    report.add("cleanup_idle", cleanup_idle);
     Ok(())
 }
 

@@ -151,10 +151,13 @@ pub async fn measure(
         let listed = d.client.list(false).await.context("listing sandboxes")?;
         let inits: HashSet<u32> = listed.iter().filter_map(|s| s.init_pid).collect();
         if inits.len() < alive.len() {
+            let with_pid = listed.iter().filter(|s| s.init_pid.is_some()).count();
             report.note(format!(
-                "Density: the daemon listed {} init pids for {} sandboxes.",
-                inits.len(),
-                alive.len()
+                "Density: of {} sandboxes created, the daemon listed {} ({with_pid} with an init pid, \
+                 {} distinct).",
+                alive.len(),
+                listed.len(),
+                inits.len()
             ));
         }
         let rss_after = host.rss_kib(pid).context("reading the daemon's VmRSS")?;

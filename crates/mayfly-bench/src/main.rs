@@ -63,6 +63,12 @@ struct Opts {
     /// Iterations run first and thrown away.
     #[arg(long, global = true, default_value_t = 5)]
     warmup: usize,
+    /// Extra create/destroy cycles, each after `--idle-ms` of idleness.
+    #[arg(long, global = true, default_value_t = 30)]
+    idle_iterations: usize,
+    /// Idleness before each of the `--idle-iterations` cycles, in ms.
+    #[arg(long, global = true, default_value_t = 250)]
+    idle_ms: u64,
     /// Measured podman runs (it takes ~200 ms each); 0 leaves podman out.
     #[arg(long, global = true, default_value_t = 20)]
     podman_iterations: usize,
@@ -117,8 +123,12 @@ fn main() -> ExitCode {
 /// failed (the report says which).
 async fn run(cli: Cli) -> anyhow::Result<bool> {
     let o = &cli.opts;
-    let mayfly = std::fs::canonicalize(&o.mayfly)
-        .with_context(|| format!("no mayfly binary at {}", o.mayfly.display()))?;
+    // Measure a private copy: a `cargo build` during the run would
+    // otherwise swap the binary under the daemon and mix two builds.
+    let bin = Scratch::new("bin")?;
+    let mayfly = bin.path.join("mayfly");
+    std::fs::copy(&o.mayfly, &mayfly)
+        .with_context(|| format!("copying the mayfly binary from {}", o.mayfly.display()))?;
     let command = std::env::args()
         .map(|a| shell_quote(&a))
         .collect::<Vec<_>>()
@@ -185,9 +195,10 @@ async fn api_measures(
     };
     let mut ok = true;
     let (n, w) = (o.iterations, o.warmup);
+    let idle = (o.idle_iterations, Duration::from_millis(o.idle_ms));
     if matches!(m, Measure::All | Measure::Create) {
         eprintln!("mayfly-bench: create/destroy through the API, {n} iterations");
-        if let Err(e) = api::lifecycle(&d, &host, n, w, &mut ledger, report).await {
+        if let Err(e) = api::lifecycle(&d, &host, n, w, idle, &mut ledger, report).await {
             report.note(format!("The create/destroy measure failed: {e:#}"));
             ok = false;
         }

@@ -309,3 +309,15 @@ pub fn write_proc(pid: i32, file: &str, value: &str) -> Result<(), ProcessError>
         source,
     })
 }
+
+/// Blocks until the child `pid` has ended, and reaps it.
+pub fn wait_for(pid: i32) {
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting on our own child with a valid status pointer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}

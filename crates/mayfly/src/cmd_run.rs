@@ -72,6 +72,7 @@ async fn run_local(
 ) -> anyhow::Result<i32> {
     let cfg = EngineConfig {
         state_dir: cli.state_dir.clone(),
+        stub_pool: 0,
         ..EngineConfig::default()
     };
     let t = std::time::Instant::now();

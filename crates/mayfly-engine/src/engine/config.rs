@@ -29,6 +29,9 @@ pub struct EngineConfig {
     pub cgroup_layout: Option<CgroupLayout>,
     /// How long init may take to report ready.
     pub setup_timeout: Duration,
+    /// Stubs kept forked and placed in fresh cgroups ahead of creates (0 for
+    /// a one-shot `mayfly run`, which has nothing to prepare ahead for).
+    pub stub_pool: usize,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +45,7 @@ impl Default for EngineConfig {
             max_sandboxes: 4096,
             cgroup_layout: None,
             setup_timeout: Duration::from_secs(10),
+            stub_pool: 4,
         }
     }
 }

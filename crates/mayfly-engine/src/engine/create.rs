@@ -13,12 +13,14 @@ use tokio::io::unix::AsyncFd;
 
 use super::config::{EngineConfig, UIDS_PER_SANDBOX};
 use super::sandbox::Sandbox;
+use super::stubs::{self, ReadyStub};
+use crate::runtime::stub::StubHandle;
 use super::{now_ms, Engine};
 use crate::api::Caller;
 use crate::plan::{self, mounts};
 use crate::runtime::conn::InitConn;
 use crate::runtime::proto::SpawnPlan;
-use crate::template::{plan_layers, Layer};
+use crate::template::plan_layers;
 use crate::EngineError;
 
 /// Environment keys must be non-empty, without `=` or NUL.
@@ -45,7 +47,7 @@ fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(
     Ok(())
 }
 
-fn random_id() -> Result<SandboxId, EngineError> {
+pub(crate) fn random_id() -> Result<SandboxId, EngineError> {
     let mut b = [0u8; 12];
     getrandom::fill(&mut b).map_err(|e| EngineError::Internal(format!("getrandom: {e}")))?;
     Ok(SandboxId::from_entropy(b))
@@ -137,7 +139,8 @@ impl Engine {
             )));
         }
 
-        let id = random_id()?;
+        // The stub (already in its cgroups) fixes the sandbox's id.
+        let ReadyStub { id, stub, cgroup: _ } = self.take_stub().await?;
         let now = now_ms();
         let rec = SandboxRecord {
             id: id.clone(),
@@ -154,30 +157,56 @@ impl Engine {
             reason: None,
             create_ms: None,
         };
-        let slot = inner
-            .store
-            .insert_sandbox(&rec, cfg.slots())
-            .map_err(|e| match e {
-                mayfly_store::StoreError::SlotsExhausted { max } => {
-                    EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
+        let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
+            .map_err(|e| EngineError::Internal(e.to_string()));
+        let slot = inner.store.insert_sandbox(&rec, cfg.slots()).map_err(|e| match e {
+            mayfly_store::StoreError::SlotsExhausted { max } => {
+                EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
+            }
+            e => e.into(),
+        });
+        let (slot, cgroup) = match (slot, cgroup) {
+            (Ok(s), Ok(c)) => (s, c),
+            (slot, cgroup) => {
+                stubs::discard(ReadyStub {
+                    id: id.clone(),
+                    stub,
+                    cgroup: plan::cgroup::plan(&inner.layout, &id, &cfg.default_limits)
+                        .map_err(|e| EngineError::Internal(e.to_string()))?,
+                });
+                if slot.is_ok() {
+                    let _ = inner.store.transition(&id, SandboxState::Failed, Some("plan"));
                 }
-                e => e.into(),
-            })?;
+                return Err(slot.and(cgroup).err().unwrap_or_else(|| {
+                    EngineError::Internal("create failed".into())
+                }));
+            }
+        };
         let uid_base = EngineConfig::uid_base(slot);
         let layers = plan_layers(&template, &inner.skeleton, &inner.host);
-        let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
         let (dir, rootfs, uppers) = sandbox_dirs(cfg, &id, layers.len());
         let env = base_env(&id, &req.env);
+        let spawn = SpawnPlan {
+            id: id.to_string(),
+            uid_base,
+            uid_count: UIDS_PER_SANDBOX,
+            layers,
+            uppers,
+            rootfs,
+            before_pivot: Vec::new(),
+            after_pivot: mounts::after_pivot(),
+            rlimits: plan::hardening::default_rlimits(&limits),
+            env: env.clone(),
+        };
+        let spawn = SpawnPlan {
+            before_pivot: mounts::before_pivot(&spawn.rootfs, &limits),
+            ..spawn
+        };
 
-        let result = self
-            .bring_up(
-                &id, uid_base, &layers, &cgroup, &dir, &rootfs, &uppers, &limits, &env,
-            )
-            .await;
-        let (pid, pidfd, conn) = match result {
+        let (pid, pidfd, conn) = match self.bring_up(&id, &stub, &cgroup, &dir, &spawn).await {
             Ok(x) => x,
             Err(e) => {
+                stub.kill();
                 self.cleanup_failed(&id, &cgroup, &dir).await;
                 let _ = inner
                     .store
@@ -197,6 +226,7 @@ impl Engine {
             rec.expires_at,
             conn.clone(),
             pidfd,
+            stub,
             cgroup,
             dir,
             env,
@@ -225,65 +255,39 @@ impl Engine {
         self.info(&id)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Host-side setup (directories, cgroup limits), then the stub clones
+    /// init and init reports ready.
     async fn bring_up(
         &self,
         id: &SandboxId,
-        uid_base: u32,
-        layers: &[Layer],
+        stub: &StubHandle,
         cgroup: &mayfly_sys::cgroup::CgroupPlan,
         dir: &Path,
-        rootfs: &Path,
-        uppers: &[(PathBuf, PathBuf)],
-        limits: &mayfly_types::ResolvedLimits,
-        env: &[(String, String)],
+        plan: &SpawnPlan,
     ) -> Result<(i32, AsyncFd<std::os::fd::OwnedFd>, Arc<InitConn>), EngineError> {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        make_dirs(dir, rootfs, uppers, uid_base)
+        make_dirs(dir, &plan.rootfs, &plan.uppers, plan.uid_base)
             .map_err(|e| internal("creating directories", &e))?;
-        mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("creating cgroups", &e))?;
-        let plan = SpawnPlan {
-            id: id.to_string(),
-            uid_base,
-            uid_count: UIDS_PER_SANDBOX,
-            cgroup_procs: cgroup
-                .sandbox_dirs
-                .iter()
-                .map(|d| d.join("cgroup.procs"))
-                .collect(),
-            layers: layers.to_vec(),
-            uppers: uppers.to_vec(),
-            rootfs: rootfs.to_path_buf(),
-            before_pivot: mounts::before_pivot(rootfs, limits),
-            after_pivot: mounts::after_pivot(),
-            rlimits: plan::hardening::default_rlimits(limits),
-            env: env.to_vec(),
-        };
-        let spawned = self
-            .inner
-            .zygote
-            .spawn(&plan)
+        // The directories exist already (the stub sits in them); this writes
+        // the requested limits.
+        mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
+        let spawned = stub
+            .spawn(plan)
             .await
             .map_err(|e| internal("spawning init", &e))?;
         let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)
             .map_err(|e| internal("watching init", &e))?;
         let conn = InitConn::new(spawned.ctl).map_err(|e| internal("connecting to init", &e))?;
         let ready = tokio::time::timeout(self.inner.cfg.setup_timeout, conn.wait_ready()).await;
-        match ready {
-            Ok(Ok(())) => Ok((spawned.pid, pidfd, conn)),
-            Ok(Err(e)) => {
-                let _ =
-                    mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
-                Err(internal("setting up", &e))
-            }
-            Err(_) => {
-                let _ =
-                    mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
-                Err(internal("setting up", &"init did not report ready in time"))
-            }
-        }
+        let failure = match ready {
+            Ok(Ok(())) => return Ok((spawned.pid, pidfd, conn)),
+            Ok(Err(e)) => internal("setting up", &e),
+            Err(_) => internal("setting up", &"init did not report ready in time"),
+        };
+        let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+        Err(failure)
     }
 }
 

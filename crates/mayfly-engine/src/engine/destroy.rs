@@ -30,14 +30,18 @@ impl Engine {
             }
             return self.info(&sb.id);
         }
+        let t = std::time::Instant::now();
         let store = &self.inner.store;
         let _ = store.transition(&sb.id, SandboxState::Stopping, Some(reason));
+        let t_store = t.elapsed();
         // Killing pid 1 of a pid namespace kills every process in it.
         let _ = mayfly_sys::process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
         let exited = tokio::time::timeout(Duration::from_secs(10), sb.pidfd.readable()).await;
         if exited.is_err() {
             tracing::error!(id = %sb.id, "init did not exit within 10 s of SIGKILL");
         }
+        sb.stub.kill();
+        let t_exit = t.elapsed();
         let cgroup = sb.cgroup.clone();
         let removed =
             tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
@@ -45,7 +49,9 @@ impl Engine {
         if !cgroup_ok {
             tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
         }
+        let t_cg = t.elapsed();
         self.discard_dir(&sb.dir);
+        tracing::debug!(id = %sb.id, store = ?t_store, exited = ?t_exit, cgroups = ?t_cg, dir = ?t.elapsed(), "destroy timings");
         self.inner
             .sandboxes
             .write()

@@ -9,6 +9,7 @@ mod exec;
 mod processes;
 mod recovery;
 mod sandbox;
+mod stubs;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -48,6 +49,7 @@ struct Inner {
     recovery: RecoveryReport,
     /// Background directory removals, awaited by [`Engine::wait_cleanup`].
     cleanups: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    stubs: stubs::StubPool,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -99,6 +101,7 @@ impl Engine {
             owner,
             recovery: RecoveryReport::default(),
             cleanups: std::sync::Mutex::new(Vec::new()),
+            stubs: stubs::StubPool::default(),
         };
         inner.recovery = recovery::reconcile(&inner);
         Ok(Engine {
@@ -115,8 +118,10 @@ impl Engine {
         &self.inner.cfg
     }
 
-    /// Starts the TTL reaper. Call once, inside the tokio runtime.
+    /// Starts the TTL reaper and fills the stub pool. Call once, inside the
+    /// tokio runtime.
     pub fn start_background(&self) {
+        self.refill_stubs();
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -149,6 +154,7 @@ impl Engine {
     /// Destroys every live sandbox (daemon shutdown).
     pub async fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
+        self.drain_stubs();
         let all = self.live();
         let tasks: Vec<_> = all
             .into_iter()

@@ -72,12 +72,19 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             );
         }
     }
-    // Cgroups nobody alive claims (including ones with no record at all).
+    // Cgroups of this store's sandboxes that nobody alive claims. The cgroup
+    // tree is shared by every Mayfly instance on the host (another daemon or
+    // a daemonless run with its own state directory), so a cgroup with no
+    // record here belongs to someone else and is left alone.
     match mayfly_sys::cgroup::list_leftovers(&inner.layout) {
         Ok(dirs) => {
             for d in dirs {
                 let name = d.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                if keep.contains(name) {
+                let ours = name
+                    .parse::<mayfly_types::SandboxId>()
+                    .ok()
+                    .is_some_and(|id| matches!(inner.store.get_sandbox(&id), Ok(Some(_))));
+                if keep.contains(name) || !ours {
                     continue;
                 }
                 match mayfly_sys::cgroup::remove_dir(&d) {

@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use super::processes::BgProcess;
 use crate::files::SandboxFs;
 use crate::runtime::conn::InitConn;
+use crate::runtime::stub::StubHandle;
 
 pub(crate) struct Sandbox {
     pub id: SandboxId,
@@ -22,6 +23,8 @@ pub(crate) struct Sandbox {
     pub expires_at: u64,
     pub conn: Arc<InitConn>,
     pub pidfd: AsyncFd<OwnedFd>,
+    /// init's parent on the host; killed with the sandbox.
+    pub stub: StubHandle,
     pub cgroup: CgroupPlan,
     /// `<state>/sandboxes/<id>`: upper and work directories and the mount point.
     pub dir: PathBuf,
@@ -45,6 +48,7 @@ impl Sandbox {
         expires_at: u64,
         conn: Arc<InitConn>,
         pidfd: AsyncFd<OwnedFd>,
+        stub: StubHandle,
         cgroup: CgroupPlan,
         dir: PathBuf,
         env: Vec<(String, String)>,
@@ -56,6 +60,7 @@ impl Sandbox {
             expires_at,
             conn,
             pidfd,
+            stub,
             cgroup,
             dir,
             env,

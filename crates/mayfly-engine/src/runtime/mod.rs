@@ -7,6 +7,7 @@ pub mod conn;
 mod exec_child;
 pub mod init;
 pub mod proto;
+pub mod stub;
 pub mod zygote;
 
 /// A failure of the runtime machinery (not of a user's command).

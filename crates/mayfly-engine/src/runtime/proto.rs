@@ -16,8 +16,6 @@ pub struct SpawnPlan {
     pub id: String,
     pub uid_base: u32,
     pub uid_count: u32,
-    /// `cgroup.procs` files the init pid is written to, before it runs.
-    pub cgroup_procs: Vec<PathBuf>,
     /// Overlays: the first is the root, the rest are mounted inside it.
     pub layers: Vec<Layer>,
     /// One (upper, work) pair per layer.
@@ -35,13 +33,21 @@ pub struct SpawnPlan {
 /// Daemon → zygote.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ZygoteRequest {
-    Spawn(Box<SpawnPlan>),
+    ForkStub,
 }
 
-/// Zygote → daemon. `Spawned` carries two descriptors: the init's pidfd and
-/// the daemon's end of the init control socket.
+/// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and
+/// the daemon's end of the stub's socket.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ZygoteReply {
+    Forked { pid: i32 },
+    Failed { message: String },
+}
+
+/// Stub → daemon, in answer to a [`SpawnPlan`]. `Spawned` carries two
+/// descriptors: init's pidfd and the daemon's end of init's control socket.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum StubReply {
     Spawned { pid: i32 },
     Failed { message: String },
 }

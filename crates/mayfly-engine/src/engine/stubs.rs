@@ -1,0 +1,128 @@
+//! A small pool of stubs already placed in their (empty, default-limited)
+//! cgroups, so a create does not wait on a cgroup attach. A stub is not a
+//! sandbox: it has no namespaces, no root and no init, and it is used once.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use mayfly_sys::cgroup::CgroupPlan;
+use mayfly_types::SandboxId;
+
+use super::Engine;
+use crate::plan;
+use crate::runtime::stub::StubHandle;
+use crate::EngineError;
+
+/// A stub and the cgroups it sits in; the cgroup names are its future
+/// sandbox's id.
+pub(crate) struct ReadyStub {
+    pub id: SandboxId,
+    pub stub: StubHandle,
+    pub cgroup: CgroupPlan,
+}
+
+#[derive(Default)]
+pub(crate) struct StubPool {
+    ready: Mutex<VecDeque<ReadyStub>>,
+    inflight: std::sync::atomic::AtomicUsize,
+}
+
+impl Engine {
+    /// Forks a stub and moves it into fresh cgroups.
+    async fn make_stub(&self) -> Result<ReadyStub, EngineError> {
+        let id = super::create::random_id()?;
+        let cgroup = plan::cgroup::plan(&self.inner.layout, &id, &self.inner.cfg.default_limits)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let applied = cgroup.clone();
+        tokio::task::spawn_blocking(move || mayfly_sys::cgroup::apply(&applied))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(|e| EngineError::Internal(format!("creating cgroups for {id}: {e}")))?;
+        let stub = match self.inner.zygote.fork_stub().await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = mayfly_sys::cgroup::remove(&cgroup);
+                return Err(EngineError::Internal(format!("forking a stub: {e}")));
+            }
+        };
+        let (plan2, pid) = (cgroup.clone(), stub.pid);
+        let attached =
+            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan2, pid)).await;
+        if !matches!(attached, Ok(Ok(()))) {
+            stub.kill();
+            let _ = mayfly_sys::cgroup::remove(&cgroup);
+            return Err(EngineError::Internal(format!(
+                "placing a stub in the cgroups of {id}: {attached:?}"
+            )));
+        }
+        Ok(ReadyStub { id, stub, cgroup })
+    }
+
+    /// A ready stub: from the pool when one is waiting, else made now.
+    pub(crate) async fn take_stub(&self) -> Result<ReadyStub, EngineError> {
+        let pooled = self
+            .inner
+            .stubs
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front();
+        self.refill_stubs();
+        match pooled {
+            Some(s) => Ok(s),
+            None => self.make_stub().await,
+        }
+    }
+
+    /// Tops the pool up to its target in the background.
+    pub(crate) fn refill_stubs(&self) {
+        let target = self.inner.cfg.stub_pool;
+        let pool = &self.inner.stubs;
+        loop {
+            let have = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+                + pool.inflight.load(Ordering::SeqCst);
+            if have >= target || self.inner.shutting_down.load(Ordering::SeqCst) {
+                return;
+            }
+            pool.inflight.fetch_add(1, Ordering::SeqCst);
+            let engine = self.clone();
+            tokio::spawn(async move {
+                let made = engine.make_stub().await;
+                let pool = &engine.inner.stubs;
+                match made {
+                    Ok(s) if !engine.inner.shutting_down.load(Ordering::SeqCst) => {
+                        pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(s)
+                    }
+                    Ok(s) => discard(s),
+                    Err(e) => tracing::warn!(error = %e, "refilling the stub pool failed"),
+                }
+                pool.inflight.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    }
+
+    /// Kills every idle stub and removes its cgroups.
+    pub(crate) fn drain_stubs(&self) {
+        let all: Vec<ReadyStub> = self
+            .inner
+            .stubs
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for s in all {
+            discard(s);
+        }
+    }
+}
+
+/// Kills an unused stub and removes its cgroups (the removal waits for the
+/// stub to leave them).
+pub(crate) fn discard(s: ReadyStub) {
+    s.stub.kill();
+    if let Err(e) = mayfly_sys::cgroup::remove(&s.cgroup) {
+        tracing::warn!(id = %s.id, error = %e, "removing an unused stub's cgroups failed");
+    }
+}

@@ -1,0 +1,147 @@
+//! Stubs: one small host-side process per sandbox, forked by the zygote
+//! ahead of time and placed in the sandbox's cgroups while idle.
+//!
+//! Moving a process into a cgroup v1 hierarchy waits for an RCU grace period
+//! (the cgroup threadgroup lock), which costs 1–20 ms on a loaded host. A
+//! stub takes that cost before anyone asks for a sandbox; the init it later
+//! clones is born in the right cgroups. The stub then stays as init's
+//! parent: init's parent-death signal is tied to it, its own to the zygote,
+//! so `kill -9` of the daemon still takes every sandbox down.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use mayfly_sys::{ipc, mount, process};
+
+use super::channel::AsyncSeq;
+use super::proto::{SpawnPlan, StubReply};
+use super::RuntimeError;
+
+/// A freshly cloned init, as its stub hands it over.
+pub struct Spawned {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    pub ctl: OwnedFd,
+}
+
+/// The daemon's handle on one stub.
+pub struct StubHandle {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    chan: AsyncSeq,
+}
+
+impl StubHandle {
+    pub(super) fn new(pid: i32, pidfd: OwnedFd, sock: OwnedFd) -> Result<Self, RuntimeError> {
+        Ok(StubHandle {
+            pid,
+            pidfd,
+            chan: AsyncSeq::new(sock)?,
+        })
+    }
+
+    /// Has the stub clone and set up the sandbox's init.
+    pub async fn spawn(&self, plan: &SpawnPlan) -> Result<Spawned, RuntimeError> {
+        let req = serde_json::to_vec(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        self.chan.send(&req, &[])?;
+        let (data, mut fds) = self.chan.recv().await?;
+        match serde_json::from_slice::<StubReply>(&data) {
+            Ok(StubReply::Spawned { pid }) if fds.len() == 2 => {
+                let ctl = fds.pop().ok_or(RuntimeError::Closed)?;
+                let pidfd = fds.pop().ok_or(RuntimeError::Closed)?;
+                Ok(Spawned { pid, pidfd, ctl })
+            }
+            Ok(StubReply::Failed { message }) => Err(RuntimeError::Setup(message)),
+            _ => Err(RuntimeError::Protocol("bad stub reply".into())),
+        }
+    }
+
+    /// Kills the stub (and so, by its death signal, any init it cloned).
+    pub fn kill(&self) {
+        let _ = process::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+    }
+}
+
+/// The stub's life: wait for one plan, clone init, then wait for init to
+/// end and exit. Never returns.
+pub(super) fn stub_main(sock: OwnedFd, zygote: i32) -> ! {
+    if process::set_parent_death_signal(libc::SIGKILL).is_err()
+        || std::os::unix::process::parent_id() as i32 != zygote
+    {
+        process::exit_now(1);
+    }
+    // The zygote ignores SIGCHLD; this process must reap its init itself.
+    process::reset_signals();
+    let mut buf = Vec::new();
+    if ipc::recv(sock.as_fd(), &mut buf, false).is_err() {
+        process::exit_now(0);
+    }
+    let reply = match serde_json::from_slice::<SpawnPlan>(&buf) {
+        Ok(plan) => spawn_init(&plan),
+        Err(e) => Err(format!("bad plan: {e}")),
+    };
+    match reply {
+        Ok((pid, pidfd, ctl)) => {
+            let sent = serde_json::to_vec(&StubReply::Spawned { pid })
+                .map(|m| ipc::send(sock.as_fd(), &m, &[pidfd.as_fd(), ctl.as_fd()]));
+            drop((pidfd, ctl, sock));
+            if !matches!(sent, Ok(Ok(()))) {
+                let _ = process::kill(pid, libc::SIGKILL);
+            }
+            process::wait_for(pid);
+            process::exit_now(0)
+        }
+        Err(message) => {
+            if let Ok(m) = serde_json::to_vec(&StubReply::Failed { message }) {
+                let _ = ipc::send(sock.as_fd(), &m, &[]);
+            }
+            process::exit_now(1)
+        }
+    }
+}
+
+fn spawn_init(plan: &SpawnPlan) -> Result<(i32, OwnedFd, OwnedFd), String> {
+    let s = |e: &dyn std::error::Error| super::chain(e);
+    let (ctl_daemon, ctl_init) = ipc::seqpacket_pair().map_err(|e| s(&e))?;
+    let (setup_parent, setup_child) = ipc::seqpacket_pair().map_err(|e| s(&e))?;
+    // SAFETY: the zygote is single-threaded.
+    let forked = unsafe { process::clone_into_namespaces(process::SANDBOX_NAMESPACES) }
+        .map_err(|e| s(&e))?;
+    let (pid, pidfd) = match forked {
+        (process::Forked::Child, _) => {
+            drop(ctl_daemon);
+            drop(setup_parent);
+            super::init::run(plan, ctl_init, setup_child)
+        }
+        (process::Forked::Parent { pid }, Some(pidfd)) => (pid, pidfd),
+        (process::Forked::Parent { .. }, None) => return Err("clone returned no pidfd".into()),
+    };
+    drop(ctl_init);
+    drop(setup_child);
+    let host_side = || -> Result<(), String> {
+        process::write_id_maps(pid, plan.uid_base, plan.uid_count).map_err(|e| s(&e))?;
+        // init should never be the OOM killer's pick: losing it loses the
+        // sandbox. Lowering the score needs CAP_SYS_RESOURCE, which some
+        // hosts withhold even from root; init is tiny, so the killer prefers
+        // the process that actually grew, and this is only extra margin.
+        let _ = process::write_proc(pid, "oom_score_adj", "-1000");
+        let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map_err(|e| format!("opening the sandbox user namespace: {e}"))?;
+        let mut mounts = Vec::with_capacity(plan.layers.len());
+        for (layer, (upper, work)) in plan.layers.iter().zip(&plan.uppers) {
+            let lowers = layer
+                .lowers
+                .iter()
+                .map(|l| mount::idmapped_tree(l, userns.as_fd()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| s(&e))?;
+            mounts.push(mount::overlay(&lowers, upper, work).map_err(|e| s(&e))?);
+        }
+        let borrowed: Vec<_> = mounts.iter().map(|m| m.as_fd()).collect();
+        ipc::send(setup_parent.as_fd(), b"go", &borrowed).map_err(|e| s(&e))
+    };
+    if let Err(e) = host_side() {
+        let _ = process::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        return Err(e);
+    }
+    Ok((pid, pidfd, ctl_daemon))
+}

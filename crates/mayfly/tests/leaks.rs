@@ -1,0 +1,182 @@
+//! Nothing leaks: not after many create/exec/destroy cycles, not after the
+//! daemon is killed with live sandboxes, not after a failed create; and one
+//! Mayfly instance never tears down another's sandboxes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::host::{self, children_of, procs_in_sandbox, start_time};
+use common::{assert_no_leaks, cmd, test_dir, text, Daemon, BIN};
+use mayfly_client::Client;
+use mayfly_types::{
+    CreateRequest, ErrorCode, SandboxId, SandboxState, StartProcessRequest, TemplateRef,
+};
+
+const CYCLES: usize = 200;
+const WORKERS: usize = 2;
+
+async fn cycles(client: Client, worker: usize, n: usize) -> Vec<SandboxId> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let sb = client.create(&CreateRequest::default()).await.expect("create");
+        let word = format!("w{worker}-{i}");
+        let r = client.exec(&sb.id, &cmd(&["echo", &word])).await.expect("exec");
+        assert_eq!(text(&r.stdout.0), format!("{word}\n"), "cycle {i} of worker {worker}");
+        let gone = client.destroy(&sb.id).await.expect("destroy");
+        assert_eq!(gone.state, SandboxState::Destroyed, "cycle {i}: {gone:?}");
+        ids.push(sb.id);
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_create_exec_destroy_cycles_leave_nothing_behind() {
+    let d = Daemon::start().await;
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| tokio::spawn(cycles(d.client.clone(), w, CYCLES / WORKERS)))
+        .collect();
+    let mut ids = Vec::new();
+    for w in workers {
+        ids.extend(w.await.expect("a worker panicked"));
+    }
+    assert_eq!(ids.len(), CYCLES);
+    let ids: Vec<&str> = ids.iter().map(SandboxId::as_str).collect();
+    assert_no_leaks(&d.state_dir, &ids);
+    assert!(d.client.list(false).await.expect("list").is_empty());
+    let all = d.client.list(true).await.expect("list all");
+    assert_eq!(all.len(), CYCLES);
+    assert!(all.iter().all(|s| s.state == SandboxState::Destroyed));
+}
+
+/// A process, identified by pid and start time so a reused pid is not it.
+fn alive(pid: u32, started: u64) -> bool {
+    start_time(pid) == Some(started) && host::proc_info(pid).is_some_and(|p| !p.is_zombie())
+}
+
+#[tokio::test]
+async fn killing_the_daemon_kills_its_sandboxes_and_restart_recovers_everything() {
+    let mut d = Daemon::start().await;
+    let mut ids = Vec::new();
+    let sleep = StartProcessRequest {
+        argv: vec!["sleep".into(), "1000".into()],
+        ..StartProcessRequest::default()
+    };
+    for _ in 0..10 {
+        let sb = d.create().await;
+        d.client.start_process(&sb.id, &sleep).await.expect("start sleep");
+        ids.push(sb.id);
+    }
+    let ready = common::eventually(Duration::from_secs(3), || {
+        ids.iter()
+            .all(|id| procs_in_sandbox(id.as_str()).iter().any(|p| p.comm == "sleep"))
+    })
+    .await;
+    assert!(ready, "not every sandbox shows its sleep on the host");
+    // Everything the daemon started: the zygote, every init, every sleep.
+    let mut victims: Vec<(u32, u64, String)> = children_of(d.pid)
+        .into_iter()
+        .chain(ids.iter().flat_map(|id| procs_in_sandbox(id.as_str())))
+        .filter_map(|p| Some((p.pid, start_time(p.pid)?, p.comm)))
+        .collect();
+    victims.sort();
+    victims.dedup();
+    assert!(victims.len() >= 21, "expected a zygote, 10 inits and 10 sleeps: {victims:?}");
+
+    d.kill9();
+    let mut left = Vec::new();
+    let dead = common::eventually(Duration::from_secs(3), || {
+        left = victims.iter().filter(|(p, t, _)| alive(*p, *t)).cloned().collect();
+        left.is_empty()
+    })
+    .await;
+    assert!(dead, "processes outlived the daemon's kill -9 by 3 s: {left:?}");
+
+    d.restart().await;
+    for id in &ids {
+        let info = d.client.get(id).await.expect("the record survives the crash");
+        assert_eq!(info.state, SandboxState::Failed, "{info:?}");
+        let reason = info.reason.clone().unwrap_or_default();
+        assert!(reason.contains("owner_died"), "{id}: reason {reason:?}");
+        assert_eq!(info.init_pid, None);
+    }
+    assert!(d.client.list(false).await.expect("list").is_empty());
+    let ids: Vec<&str> = ids.iter().map(SandboxId::as_str).collect();
+    assert_no_leaks(&d.state_dir, &ids);
+    // The restarted daemon works.
+    let sb = d.create().await;
+    assert_eq!(d.sh(&sb.id, "echo back").await, "back\n");
+}
+
+#[tokio::test]
+async fn another_instance_starting_leaves_live_sandboxes_alone() {
+    let a = Daemon::start().await;
+    let sb = a.create().await;
+    let sleep = StartProcessRequest {
+        argv: vec!["sleep".into(), "1000".into()],
+        ..StartProcessRequest::default()
+    };
+    let p = a.client.start_process(&sb.id, &sleep).await.expect("start sleep");
+    let cgroups = host::cgroup_dirs(sb.id.as_str());
+    assert!(!cgroups.is_empty());
+
+    // A second daemon and a daemonless run, each with its own state directory.
+    let mut b = Daemon::start().await;
+    let dir = test_dir();
+    let out = std::process::Command::new(BIN)
+        .arg("--socket")
+        .arg(dir.path().join("none.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["run", "--", "true"])
+        .output()
+        .expect("mayfly run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    b.assert_healthy().await;
+
+    assert_eq!(host::cgroup_dirs(sb.id.as_str()), cgroups, "another instance removed {}'s cgroups", sb.id);
+    let info = a.client.wait_process(&sb.id, p.handle, Some(10)).await.expect("wait");
+    assert_eq!(info.status, None, "another instance killed {}'s process: {info:?}", sb.id);
+    assert_eq!(a.sh(&sb.id, "echo alive").await, "alive\n");
+}
+
+#[tokio::test]
+async fn a_create_with_a_missing_template_is_refused_and_leaves_nothing() {
+    let d = Daemon::start().await;
+    let req = CreateRequest {
+        template: Some(TemplateRef::Dir("/nonexistent-mayfly-template".into())),
+        ..CreateRequest::default()
+    };
+    let e = d.client.create(&req).await.expect_err("a missing template directory");
+    match &e {
+        mayfly_client::ClientError::Api { status, error } => {
+            assert!((400..500).contains(status), "{status} {error:?}");
+            assert_eq!(error.code, ErrorCode::InvalidArgument);
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+    assert!(d.client.list(true).await.expect("list").is_empty());
+    let left: Vec<_> = std::fs::read_dir(d.state_dir.join("sandboxes"))
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a refused create left {left:?}");
+    assert!(host::mounts_mentioning(&[&d.state_dir.to_string_lossy()]).is_empty());
+}
+
+#[tokio::test]
+async fn a_template_without_a_shell_fails_exec_cleanly_and_destroys_cleanly() {
+    let d = Daemon::start().await;
+    let rootfs = test_dir();
+    std::fs::create_dir_all(rootfs.path().join("etc")).expect("mkdir etc");
+    std::fs::write(rootfs.path().join("etc/hostname"), "empty\n").expect("a file");
+    let req = CreateRequest {
+        template: Some(TemplateRef::Dir(rootfs.path().to_owned())),
+        ..CreateRequest::default()
+    };
+    let sb = d.create_with(&req).await;
+    let e = d.client.exec(&sb.id, &cmd(&["sh", "-c", "true"])).await.expect_err("no sh");
+    assert_eq!(e.code(), Some(ErrorCode::ExecFailed), "{e:?}");
+    d.client.destroy(&sb.id).await.expect("destroy");
+    assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
+    assert!(rootfs.path().join("etc/hostname").exists(), "destroy touched the template");
+}
