@@ -127,7 +127,18 @@ impl SandboxApi for Engine {
         match self.lookup(id) {
             Ok(sb) => {
                 tracing::debug!(%id, caller = %caller.0, "destroy");
-                self.destroy_sandbox(sb, "user").await
+                // Answer once the sandbox is dead (its init and every process
+                // in it are SIGKILLed); cleanup finishes in the background.
+                if self.stop_sandbox(&sb, "user") {
+                    let engine = self.clone();
+                    let tracker = tokio::spawn(async move {
+                        if let Err(e) = engine.finish_destroy(sb, "user").await {
+                            tracing::warn!(error = %e, "finishing a destroy failed");
+                        }
+                    });
+                    self.track_cleanup(tracker);
+                }
+                self.info(id)
             }
             // Idempotent: a sandbox that already ended answers with its record.
             Err(_) => {

@@ -17,31 +17,51 @@ use super::Engine;
 use crate::EngineError;
 
 impl Engine {
-    /// Destroys a live sandbox. Concurrent calls wait for the first to finish.
+    /// Destroys a live sandbox and waits for the full cleanup. Concurrent
+    /// calls wait for the first to finish.
     pub(crate) async fn destroy_sandbox(
         &self,
         sb: Arc<Sandbox>,
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
-        if !sb.begin_stop() {
+        if !self.stop_sandbox(&sb, reason) {
             let notified = sb.destroyed.notified();
             if !sb.done.load(Ordering::SeqCst) {
                 let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
             }
             return self.info(&sb.id);
         }
-        let t = std::time::Instant::now();
-        let store = &self.inner.store;
-        let _ = store.transition(&sb.id, SandboxState::Stopping, Some(reason));
-        let t_store = t.elapsed();
-        // Killing pid 1 of a pid namespace kills every process in it.
+        self.finish_destroy(sb, reason).await
+    }
+
+    /// The fast half of destroy: record `stopping` and SIGKILL init (which
+    /// kills the whole pid namespace) and its stub. Returns false if another
+    /// caller is already destroying the sandbox.
+    pub(crate) fn stop_sandbox(&self, sb: &Sandbox, reason: &str) -> bool {
+        if !sb.begin_stop() {
+            return false;
+        }
+        let _ = self
+            .inner
+            .store
+            .transition(&sb.id, SandboxState::Stopping, Some(reason));
         let _ = mayfly_sys::process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
+        sb.stub.kill();
+        true
+    }
+
+    /// The slow half: wait for init to be gone, remove the cgroups, discard
+    /// the directories, record `destroyed`.
+    pub(crate) async fn finish_destroy(
+        &self,
+        sb: Arc<Sandbox>,
+        reason: &str,
+    ) -> Result<SandboxInfo, EngineError> {
+        let store = &self.inner.store;
         let exited = tokio::time::timeout(Duration::from_secs(10), sb.pidfd.readable()).await;
         if exited.is_err() {
             tracing::error!(id = %sb.id, "init did not exit within 10 s of SIGKILL");
         }
-        sb.stub.kill();
-        let t_exit = t.elapsed();
         let cgroup = sb.cgroup.clone();
         let removed =
             tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
@@ -49,9 +69,7 @@ impl Engine {
         if !cgroup_ok {
             tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
         }
-        let t_cg = t.elapsed();
         self.discard_dir(&sb.dir);
-        tracing::debug!(id = %sb.id, store = ?t_store, exited = ?t_exit, cgroups = ?t_cg, dir = ?t.elapsed(), "destroy timings");
         self.inner
             .sandboxes
             .write()
@@ -93,6 +111,11 @@ impl Engine {
         let task = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(&doomed);
         });
+        self.track_cleanup(task);
+    }
+
+    /// Remembers a background cleanup so [`Engine::wait_cleanup`] can await it.
+    pub(crate) fn track_cleanup(&self, task: tokio::task::JoinHandle<()>) {
         let mut pending = self
             .inner
             .cleanups
@@ -102,17 +125,23 @@ impl Engine {
         pending.push(task);
     }
 
-    /// Waits until every directory removal started so far has finished.
+    /// Waits until every background cleanup started so far (and any they
+    /// start in turn) has finished.
     pub async fn wait_cleanup(&self) {
-        let tasks: Vec<_> = std::mem::take(
-            &mut *self
-                .inner
-                .cleanups
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        for t in tasks {
-            let _ = t.await;
+        loop {
+            let tasks: Vec<_> = std::mem::take(
+                &mut *self
+                    .inner
+                    .cleanups
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            if tasks.is_empty() {
+                return;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
         }
     }
 
