@@ -321,3 +321,22 @@ pub fn wait_for(pid: i32) {
         }
     }
 }
+
+/// Raises the soft open-file limit to the hard limit and returns the new
+/// value. A daemon holds a few descriptors per live sandbox.
+pub fn raise_nofile_limit() -> Result<u64, ProcessError> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
+        return Err(call("getrlimit(RLIMIT_NOFILE)"));
+    }
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit reads the struct we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } < 0 {
+        return Err(call("setrlimit(RLIMIT_NOFILE)"));
+    }
+    Ok(lim.rlim_cur)
+}

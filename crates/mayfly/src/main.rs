@@ -34,6 +34,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(_) => !cli.daemon_reachable(),
         _ => false,
     };
+    if needs_engine {
+        // A daemon holds a few descriptors per sandbox; the default soft
+        // limit (often 1024) would cap it at a few hundred sandboxes.
+        mayfly_sys::process::raise_nofile_limit()?;
+    }
     let zygote = if needs_engine {
         Some(mayfly_engine::Zygote::start()?)
     } else {
