@@ -284,14 +284,41 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// The start time of `pid` in clock ticks since boot (field 22 of
-/// `/proc/<pid>/stat`), used with the pid to detect pid reuse.
+/// The start time of a live `pid` in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`), used with the pid to detect pid reuse. A zombie is
+/// not alive: it answers `None`.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
     // The command name (field 2) may contain spaces and parentheses; the
-    // fields after the last ')' are well-formed.
+    // fields after the last ')' are well-formed: state is the first.
     let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
+    let mut fields = rest.split(' ');
+    if matches!(fields.next(), Some("Z") | Some("X") | None) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_start_time;
+
+    #[test]
+    fn start_time_reads_field_22_and_treats_zombies_as_dead() {
+        let live = "42 (we ird) name) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(live), Some(987654));
+        let zombie = live.replace(") S ", ") Z ");
+        assert_eq!(parse_start_time(&zombie), None);
+    }
+
+    #[test]
+    fn own_start_time_is_known() {
+        assert!(super::start_time(std::process::id()).is_some());
+    }
 }
 
 /// Sets SIGCHLD to SIG_IGN, so the kernel reaps children on exit.
@@ -339,4 +366,33 @@ pub fn raise_nofile_limit() -> Result<u64, ProcessError> {
         return Err(call("setrlimit(RLIMIT_NOFILE)"));
     }
     Ok(lim.rlim_cur)
+}
+
+/// Takes an exclusive, non-blocking `flock` on `path` (creating it). The
+/// lock lasts as long as the returned descriptor. `Ok(None)`: someone else
+/// holds it.
+pub fn try_lock_file(path: &std::path::Path) -> Result<Option<std::fs::File>, ProcessError> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|source| ProcessError::Write {
+            path: path.to_path_buf(),
+            value: "lock".into(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } < 0 {
+        let e = last_errno();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        return Err(ProcessError::Call {
+            op: "flock",
+            source: e,
+        });
+    }
+    Ok(Some(file))
 }

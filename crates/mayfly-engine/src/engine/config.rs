@@ -59,6 +59,12 @@ impl EngineConfig {
         self.state_dir.join("templates")
     }
 
+    /// One empty file per stub made by this state directory's owners, so
+    /// recovery removes exactly their cgroups and never another daemon's.
+    pub fn stubs_dir(&self) -> PathBuf {
+        self.state_dir.join("stubs")
+    }
+
     pub fn trash_dir(&self) -> PathBuf {
         self.state_dir.join("trash")
     }

@@ -13,7 +13,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::config::{EngineConfig, UIDS_PER_SANDBOX};
 use super::sandbox::Sandbox;
-use super::stubs::{self, ReadyStub};
+use super::stubs::ReadyStub;
 use crate::runtime::stub::StubHandle;
 use super::{now_ms, Engine};
 use crate::api::Caller;
@@ -168,7 +168,7 @@ impl Engine {
         let (slot, cgroup) = match (slot, cgroup) {
             (Ok(s), Ok(c)) => (s, c),
             (slot, cgroup) => {
-                stubs::discard(ReadyStub {
+                self.discard_stub(ReadyStub {
                     id: id.clone(),
                     stub,
                     cgroup: plan::cgroup::plan(&inner.layout, &id, &cfg.default_limits)
@@ -182,6 +182,8 @@ impl Engine {
                 }));
             }
         };
+        // The record now names these cgroups; the stub marker is redundant.
+        self.forget_stub(&id);
         let uid_base = EngineConfig::uid_base(slot);
         let layers = plan_layers(&template, &inner.skeleton, &inner.host);
         let (dir, rootfs, uppers) = sandbox_dirs(cfg, &id, layers.len());

@@ -50,6 +50,10 @@ struct Inner {
     /// Background directory removals, awaited by [`Engine::wait_cleanup`].
     cleanups: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     stubs: stubs::StubPool,
+    /// The state directory's daemon lock, held by a daemon for its lifetime.
+    _lock: Option<std::fs::File>,
+    /// Whether no other daemon owned the state directory at start.
+    no_daemon: bool,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -68,7 +72,7 @@ impl Engine {
         // The state directory and `sandboxes/` are traverse-only for others
         // (0711): each sandbox's init reaches its mount point through them
         // as the sandbox's root, an unprivileged uid on the host.
-        for d in [cfg.state_dir.clone(), cfg.sandboxes_dir()] {
+        for d in [cfg.state_dir.clone(), cfg.sandboxes_dir(), cfg.stubs_dir()] {
             std::fs::create_dir_all(&d)
                 .and_then(|()| {
                     std::fs::set_permissions(
@@ -78,6 +82,20 @@ impl Engine {
                 })
                 .map_err(|e| EngineError::Internal(format!("preparing {}: {e}", d.display())))?;
         }
+        // One daemon per state directory. Daemonless runs share the
+        // directory with a daemon but leave its unused stubs alone.
+        let lock = mayfly_sys::process::try_lock_file(&cfg.state_dir.join("daemon.lock"))
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let no_daemon = lock.is_some();
+        if !no_daemon && cfg.stub_pool > 0 {
+            return Err(EngineError::Internal(format!(
+                "another Mayfly daemon already owns {}",
+                cfg.state_dir.display()
+            )));
+        }
+        // A daemon holds the lock for its lifetime; a daemonless run only
+        // looked whether a daemon is there.
+        let lock = if cfg.stub_pool > 0 { lock } else { None };
         let store = Store::open(&cfg.state_dir)?;
         let layout = match &cfg.cgroup_layout {
             Some(l) => l.clone(),
@@ -102,6 +120,8 @@ impl Engine {
             recovery: RecoveryReport::default(),
             cleanups: std::sync::Mutex::new(Vec::new()),
             stubs: stubs::StubPool::default(),
+            _lock: lock,
+            no_daemon,
         };
         inner.recovery = recovery::reconcile(&inner);
         Ok(Engine {

@@ -95,6 +95,31 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
         }
         Err(e) => report.errors.push(format!("listing cgroups: {e}")),
     }
+    // Stubs a dead owner of this state directory made and never used (they
+    // have no record; their markers name them).
+    let stub_markers = if inner.no_daemon {
+        std::fs::read_dir(inner.cfg.stubs_dir()).ok()
+    } else {
+        // A live daemon owns the directory: its stubs are not ours to sweep.
+        None
+    };
+    if let Some(entries) = stub_markers {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(id) = name.parse::<mayfly_types::SandboxId>() else {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            };
+            match plan::cgroup::plan(&inner.layout, &id, &inner.cfg.default_limits) {
+                Ok(p) => match mayfly_sys::cgroup::remove(&p) {
+                    Ok(()) => report.cgroups_removed += 1,
+                    Err(err) => report.errors.push(format!("{id}: {err}")),
+                },
+                Err(err) => report.errors.push(format!("{id}: {err}")),
+            }
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
     // Directories: sandbox dirs nobody claims, and the trash.
     let sandboxes = inner.cfg.sandboxes_dir();
     if let Ok(entries) = std::fs::read_dir(&sandboxes) {

@@ -34,6 +34,9 @@ impl Engine {
         let id = super::create::random_id()?;
         let cgroup = plan::cgroup::plan(&self.inner.layout, &id, &self.inner.cfg.default_limits)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let marker = self.inner.cfg.stubs_dir().join(id.as_str());
+        std::fs::write(&marker, b"")
+            .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
         let applied = cgroup.clone();
         tokio::task::spawn_blocking(move || mayfly_sys::cgroup::apply(&applied))
             .await
@@ -43,6 +46,7 @@ impl Engine {
             Ok(s) => s,
             Err(e) => {
                 let _ = mayfly_sys::cgroup::remove(&cgroup);
+                let _ = std::fs::remove_file(&marker);
                 return Err(EngineError::Internal(format!("forking a stub: {e}")));
             }
         };
@@ -52,6 +56,7 @@ impl Engine {
         if !matches!(attached, Ok(Ok(()))) {
             stub.kill();
             let _ = mayfly_sys::cgroup::remove(&cgroup);
+            let _ = std::fs::remove_file(&marker);
             return Err(EngineError::Internal(format!(
                 "placing a stub in the cgroups of {id}: {attached:?}"
             )));
@@ -94,7 +99,7 @@ impl Engine {
                     Ok(s) if !engine.inner.shutting_down.load(Ordering::SeqCst) => {
                         pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(s)
                     }
-                    Ok(s) => discard(s),
+                    Ok(s) => engine.discard_stub(s),
                     Err(e) => tracing::warn!(error = %e, "refilling the stub pool failed"),
                 }
                 pool.inflight.fetch_sub(1, Ordering::SeqCst);
@@ -113,16 +118,22 @@ impl Engine {
             .drain(..)
             .collect();
         for s in all {
-            discard(s);
+            self.discard_stub(s);
         }
     }
-}
 
-/// Kills an unused stub and removes its cgroups (the removal waits for the
-/// stub to leave them).
-pub(crate) fn discard(s: ReadyStub) {
-    s.stub.kill();
-    if let Err(e) = mayfly_sys::cgroup::remove(&s.cgroup) {
-        tracing::warn!(id = %s.id, error = %e, "removing an unused stub's cgroups failed");
+    /// Kills an unused stub, removes its cgroups (waiting for the stub to
+    /// leave them) and its marker.
+    pub(crate) fn discard_stub(&self, s: ReadyStub) {
+        s.stub.kill();
+        if let Err(e) = mayfly_sys::cgroup::remove(&s.cgroup) {
+            tracing::warn!(id = %s.id, error = %e, "removing an unused stub's cgroups failed");
+        }
+        self.forget_stub(&s.id);
+    }
+
+    /// Drops a stub's marker once its sandbox has a record (or it is gone).
+    pub(crate) fn forget_stub(&self, id: &SandboxId) {
+        let _ = std::fs::remove_file(self.inner.cfg.stubs_dir().join(id.as_str()));
     }
 }
