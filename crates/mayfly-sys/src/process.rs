@@ -303,23 +303,6 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_start_time;
-
-    #[test]
-    fn start_time_reads_field_22_and_treats_zombies_as_dead() {
-        let live = "42 (we ird) name) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_start_time(live), Some(987654));
-        let zombie = live.replace(") S ", ") Z ");
-        assert_eq!(parse_start_time(&zombie), None);
-    }
-
-    #[test]
-    fn own_start_time_is_known() {
-        assert!(super::start_time(std::process::id()).is_some());
-    }
-}
 
 /// Sets SIGCHLD to SIG_IGN, so the kernel reaps children on exit.
 pub fn ignore_children() {
@@ -395,4 +378,22 @@ pub fn try_lock_file(path: &std::path::Path) -> Result<Option<std::fs::File>, Pr
         });
     }
     Ok(Some(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_start_time;
+
+    #[test]
+    fn start_time_reads_field_22_and_treats_zombies_as_dead() {
+        let live = "42 (we ird) name) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(live), Some(987654));
+        let zombie = live.replace(") S ", ") Z ");
+        assert_eq!(parse_start_time(&zombie), None);
+    }
+
+    #[test]
+    fn own_start_time_is_known() {
+        assert!(super::start_time(std::process::id()).is_some());
+    }
 }
