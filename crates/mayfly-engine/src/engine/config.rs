@@ -77,3 +77,31 @@ impl EngineConfig {
         self.max_sandboxes.min(MAX_SLOTS)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_ranges_of_slots_are_disjoint_and_fit_below_the_invalid_uid() {
+        assert_eq!(EngineConfig::uid_base(0), 1 << 30);
+        assert_eq!(
+            EngineConfig::uid_base(1) - EngineConfig::uid_base(0),
+            UIDS_PER_SANDBOX
+        );
+        let last = EngineConfig::uid_base(MAX_SLOTS - 1) as u64 + UIDS_PER_SANDBOX as u64 - 1;
+        assert!(last < u32::MAX as u64, "the last id {last} must stay below 2^32-1");
+        // Root inside maps to the first id of the range, never to host root.
+        assert!(EngineConfig::uid_base(0) > 65535);
+    }
+
+    #[test]
+    fn slots_are_capped_by_the_uid_space() {
+        let cfg = EngineConfig {
+            max_sandboxes: u32::MAX,
+            ..EngineConfig::default()
+        };
+        assert_eq!(cfg.slots(), MAX_SLOTS);
+        assert_eq!(EngineConfig::default().slots(), 4096);
+    }
+}
