@@ -329,3 +329,12 @@ pub fn ensure_file(path: &Path) -> Result<(), MountError> {
 pub fn is_dir(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
 }
+
+/// Changes the working directory.
+pub fn chdir(path: &Path) -> Result<(), MountError> {
+    std::env::set_current_dir(path).map_err(|source| MountError::Path {
+        op: "chdir",
+        path: path.to_path_buf(),
+        source,
+    })
+}

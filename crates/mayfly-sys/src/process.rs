@@ -303,7 +303,6 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
-
 /// Sets SIGCHLD to SIG_IGN, so the kernel reaps children on exit.
 pub fn ignore_children() {
     // SAFETY: setting a standard disposition for SIGCHLD.
@@ -380,16 +379,85 @@ pub fn try_lock_file(path: &std::path::Path) -> Result<Option<std::fs::File>, Pr
     Ok(Some(file))
 }
 
+/// Overwrites this process's command line and environment strings in
+/// place, so `/proc/<pid>/cmdline` and `environ` show `title` and nothing
+/// of what the process inherited (a forked helper would otherwise expose
+/// the daemon's arguments, tokens included, to every sandbox).
+///
+/// The kernel reports the argument and environment areas of the process's
+/// own initial stack in `/proc/self/stat` (fields 48–51); both are ordinary
+/// writable memory of this process.
+///
+/// Do not call `std::env::args` afterwards: it reads those strings.
+pub fn wipe_cmdline_and_environ(title: &str) {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return;
+    };
+    // Fields after the command name start at field 3; arg_start is field 48.
+    let f: Vec<usize> = stat[close + 2..]
+        .split(' ')
+        .skip(45)
+        .take(4)
+        .filter_map(|x| x.trim().parse().ok())
+        .collect();
+    let [arg_start, arg_end, env_start, env_end] = f[..] else {
+        return;
+    };
+    for (start, end) in [(arg_start, arg_end), (env_start, env_end)] {
+        if start == 0 || end <= start || end - start > 1 << 20 {
+            continue;
+        }
+        // SAFETY: [start, end) is this process's own argument (or
+        // environment) string area on its initial stack, as reported by the
+        // kernel; it is mapped and writable for the life of the process, and
+        // nothing else in this single-threaded process uses it any more.
+        let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+        area.fill(0);
+        if start == arg_start {
+            let n = title.len().min(area.len().saturating_sub(1));
+            area[..n].copy_from_slice(&title.as_bytes()[..n]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_start_time;
 
     #[test]
     fn start_time_reads_field_22_and_treats_zombies_as_dead() {
-        let live = "42 (we ird) name) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let live =
+            "42 (we ird) name) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_start_time(live), Some(987654));
         let zombie = live.replace(") S ", ") Z ");
         assert_eq!(parse_start_time(&zombie), None);
+    }
+
+    #[test]
+    fn wiping_the_command_line_hides_the_original_arguments() {
+        // In a forked child, so the test runner's own argv stays intact.
+        // SAFETY: the child only touches its own memory and exits.
+        match unsafe { super::fork() }.expect("fork") {
+            super::Forked::Child => {
+                super::wipe_cmdline_and_environ("mayfly-test");
+                let cmd = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+                let env = std::fs::read("/proc/self/environ").unwrap_or_default();
+                // The test binary's path (…/deps/mayfly_sys-…) is gone.
+                let ok = cmd.starts_with(b"mayfly-test")
+                    && !cmd.windows(5).any(|w| w == b"deps/")
+                    && env.iter().all(|&b| b == 0);
+                super::exit_now(if ok { 0 } else { 1 })
+            }
+            super::Forked::Parent { pid } => {
+                let mut status = 0;
+                // SAFETY: waiting on our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+            }
+        }
     }
 
     #[test]

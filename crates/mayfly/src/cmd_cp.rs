@@ -54,13 +54,7 @@ pub async fn cp(cli: &Cli, a: &CpArgs) -> anyhow::Result<i32> {
             let st = c.stat(&id, &src).await?;
             if st.kind == FileKind::Dir {
                 let tarball = c.download_tar(&id, &src).await?;
-                std::fs::create_dir_all(dst)?;
-                let mut ar = tar::Archive::new(std::io::Cursor::new(tarball));
-                ar.set_preserve_permissions(false);
-                ar.set_unpack_xattrs(false);
-                // tar's unpack refuses entries that would land outside `dst`.
-                ar.unpack(dst)
-                    .with_context(|| format!("unpacking into {}", dst.display()))?;
+                unpack_dir(&tarball, dst)?;
                 serde_json::json!({"dir": dst})
             } else {
                 let data = c.read_file(&id, &src).await?;
@@ -80,4 +74,41 @@ pub async fn cp(cli: &Cli, a: &CpArgs) -> anyhow::Result<i32> {
         output::json(&summary)?;
     }
     Ok(0)
+}
+
+/// Unpacks a downloaded directory like `docker cp`: into `dst/<name>` when
+/// `dst` is an existing directory, else as `dst` itself. The archive's
+/// entries all start with the directory's name.
+fn unpack_dir(tarball: &[u8], dst: &Path) -> anyhow::Result<()> {
+    let (parent, rename_to) = if dst.is_dir() {
+        (dst.to_path_buf(), None)
+    } else {
+        let parent = match dst.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => Path::new(".").to_path_buf(),
+        };
+        (parent, Some(dst.to_path_buf()))
+    };
+    let staging = tempfile::Builder::new()
+        .prefix(".mayfly-cp-")
+        .tempdir_in(&parent)
+        .with_context(|| format!("creating a staging directory in {}", parent.display()))?;
+    let mut ar = tar::Archive::new(std::io::Cursor::new(tarball));
+    ar.set_preserve_permissions(false);
+    ar.set_unpack_xattrs(false);
+    // tar's unpack refuses entries that would land outside the staging dir.
+    ar.unpack(staging.path())
+        .with_context(|| format!("unpacking into {}", staging.path().display()))?;
+    let mut top = std::fs::read_dir(staging.path())?;
+    let first = top
+        .next()
+        .transpose()?
+        .ok_or_else(|| anyhow::anyhow!("the sandbox sent an empty archive"))?;
+    if top.next().is_some() {
+        anyhow::bail!("the sandbox's archive has more than one top-level entry");
+    }
+    let target = rename_to.unwrap_or_else(|| dst.join(first.file_name()));
+    std::fs::rename(first.path(), &target)
+        .with_context(|| format!("moving the copy to {}", target.display()))?;
+    Ok(())
 }

@@ -5,13 +5,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::host::procs_in_sandbox;
-use common::{cmd, expect_exit, text, test_dir, Daemon, BIN};
+use common::host::procs_inside;
+use common::{cmd, expect_exit, test_dir, text, Daemon, BIN};
 use mayfly_types::{ErrorCode, ExecEvent, ExecRequest, ProcessState, StartProcessRequest};
 
-/// Live (non-zombie) processes of sandbox `id` other than its init.
+/// Live (non-zombie) processes inside sandbox `id` other than its init.
 fn commands_left(id: &str, init_pid: Option<u32>) -> Vec<common::ProcInfo> {
-    procs_in_sandbox(id)
+    procs_inside(id, init_pid)
         .into_iter()
         .filter(|p| !p.is_zombie() && Some(p.pid) != init_pid)
         .collect()
@@ -22,7 +22,10 @@ async fn exit_codes_propagate_through_api_cli_and_daemonless_run() {
     let d = Daemon::start().await;
     let sb = d.create().await;
     let r = d.exec(&sb.id, &["sh", "-c", "exit 42"]).await;
-    assert_eq!((r.status.exit_code, r.status.signal, r.status.timed_out), (Some(42), None, false));
+    assert_eq!(
+        (r.status.exit_code, r.status.signal, r.status.timed_out),
+        (Some(42), None, false)
+    );
     let r = d.exec(&sb.id, &["true"]).await;
     assert_eq!(r.status.exit_code, Some(0));
 
@@ -46,7 +49,12 @@ async fn a_signal_is_reported_instead_of_an_exit_code() {
     let d = Daemon::start().await;
     let sb = d.create().await;
     let r = d.exec(&sb.id, &["sh", "-c", "kill -TERM $$"]).await;
-    assert_eq!((r.status.exit_code, r.status.signal), (None, Some(15)), "{:?}", r.status);
+    assert_eq!(
+        (r.status.exit_code, r.status.signal),
+        (None, Some(15)),
+        "{:?}",
+        r.status
+    );
     assert!(!r.status.timed_out);
     let out = d.run_cli(&["exec", sb.id.as_str(), "--", "sh", "-c", "kill -KILL $$"]);
     expect_exit(&out, 137, "mayfly exec of a SIGKILLed shell");
@@ -65,7 +73,10 @@ async fn a_timeout_kills_the_command_and_its_background_children() {
     let took = t.elapsed();
     assert!(r.status.timed_out, "{:?}", r.status);
     assert_eq!(r.status.signal, Some(9), "{:?}", r.status);
-    assert!(took >= Duration::from_millis(450), "returned after only {took:?}");
+    assert!(
+        took >= Duration::from_millis(450),
+        "returned after only {took:?}"
+    );
     assert!(took < Duration::from_secs(2), "returned after {took:?}");
 
     let mut left = Vec::new();
@@ -77,7 +88,10 @@ async fn a_timeout_kills_the_command_and_its_background_children() {
     assert!(gone, "processes survived the timeout: {left:?}");
     // And from inside: no `sleep` anywhere in the pid namespace.
     let comms = d.sh(&sb.id, "cat /proc/[0-9]*/comm").await;
-    assert!(!comms.contains("sleep"), "inside, /proc still shows: {comms}");
+    assert!(
+        !comms.contains("sleep"),
+        "inside, /proc still shows: {comms}"
+    );
 }
 
 #[tokio::test]
@@ -85,8 +99,14 @@ async fn a_background_child_dies_with_its_parent() {
     let d = Daemon::start().await;
     let sb = d.create().await;
     let t = Instant::now();
-    let r = d.exec(&sb.id, &["sh", "-c", "sleep 300 & echo started"]).await;
-    assert!(t.elapsed() < Duration::from_secs(2), "the exec waited {:?}", t.elapsed());
+    let r = d
+        .exec(&sb.id, &["sh", "-c", "sleep 300 & echo started"])
+        .await;
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the exec waited {:?}",
+        t.elapsed()
+    );
     assert_eq!(r.status.exit_code, Some(0));
     assert_eq!(text(&r.stdout.0), "started\n");
     let mut left = Vec::new();
@@ -125,7 +145,10 @@ async fn binary_output_and_stdin_are_byte_exact() {
     let want: Vec<u8> = (0..=255u8).cycle().take(256_000).collect();
     assert_eq!(r.status.exit_code, Some(0), "{}", text(&r.stderr.0));
     assert_eq!(r.stdout.0.len(), want.len());
-    assert!(r.stdout.0 == want, "binary stdout differs from what was written");
+    assert!(
+        r.stdout.0 == want,
+        "binary stdout differs from what was written"
+    );
 
     // Random bytes (including NUL, 0xff and invalid UTF-8) through `cat`.
     let mut input = vec![0u8; 300_000];
@@ -142,7 +165,10 @@ async fn binary_output_and_stdin_are_byte_exact() {
     };
     let r = d.exec_req(&sb.id, &req).await;
     assert_eq!(r.status.exit_code, Some(0));
-    assert!(r.stdout.0 == input, "stdin did not come back unchanged through cat");
+    assert!(
+        r.stdout.0 == input,
+        "stdin did not come back unchanged through cat"
+    );
     assert_eq!(r.stdout_bytes, input.len() as u64);
 }
 
@@ -157,7 +183,12 @@ async fn env_cwd_and_uid_are_applied() {
         ..cmd(&["sh", "-c", "echo $FOO; pwd; id -u; id -g"])
     };
     let r = d.exec_req(&sb.id, &req).await;
-    assert_eq!(text(&r.stdout.0), "bar\n/tmp\n1000\n1000\n", "{}", text(&r.stderr.0));
+    assert_eq!(
+        text(&r.stdout.0),
+        "bar\n/tmp\n1000\n1000\n",
+        "{}",
+        text(&r.stderr.0)
+    );
     // The default working directory is /workspace, as root.
     assert_eq!(d.sh(&sb.id, "pwd; id -u").await, "/workspace\n0\n");
 }
@@ -173,8 +204,16 @@ async fn a_missing_command_is_exec_failed_and_the_cli_exits_127() {
         .expect_err("running a command that does not exist");
     match &e {
         mayfly_client::ClientError::Api { status, error } => {
-            assert_eq!((*status, error.code), (422, ErrorCode::ExecFailed), "{error:?}");
-            assert!(error.message.contains("no-such-command-mayfly"), "{}", error.message);
+            assert_eq!(
+                (*status, error.code),
+                (422, ErrorCode::ExecFailed),
+                "{error:?}"
+            );
+            assert!(
+                error.message.contains("no-such-command-mayfly"),
+                "{}",
+                error.message
+            );
         }
         other => panic!("expected an API error, got {other:?}"),
     }
@@ -208,7 +247,10 @@ async fn streamed_output_arrives_before_the_command_ends() {
         panic!("the stream did not end with an exit event: {got:?}");
     };
     assert_eq!(result.status.exit_code, Some(0));
-    assert!(*exit_at >= Duration::from_millis(900), "exit came after {exit_at:?}");
+    assert!(
+        *exit_at >= Duration::from_millis(900),
+        "exit came after {exit_at:?}"
+    );
     assert!(
         *exit_at - first_a >= Duration::from_millis(700),
         "`a` arrived at {first_a:?}, only just before the exit at {exit_at:?}"
@@ -235,27 +277,59 @@ async fn background_processes_can_be_listed_read_killed_and_waited_on() {
     let p = d.client.start_process(&sb.id, &req).await.expect("start");
     assert_eq!(p.state, ProcessState::Running);
     let list = d.client.list_processes(&sb.id).await.expect("list");
-    let listed = list.iter().find(|x| x.handle == p.handle).expect("the process is listed");
-    assert_eq!((listed.state, &listed.argv), (ProcessState::Running, &req.argv));
+    let listed = list
+        .iter()
+        .find(|x| x.handle == p.handle)
+        .expect("the process is listed");
+    assert_eq!(
+        (listed.state, &listed.argv),
+        (ProcessState::Running, &req.argv)
+    );
 
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let out = d.client.process_output(&sb.id, p.handle).await.expect("output");
+        let out = d
+            .client
+            .process_output(&sb.id, p.handle)
+            .await
+            .expect("output");
         if text(&out.stdout.0).contains("hi") {
             assert_eq!(out.state, ProcessState::Running);
             break;
         }
-        assert!(Instant::now() < deadline, "no `hi` from the process: {out:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no `hi` from the process: {out:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let still = d.client.wait_process(&sb.id, p.handle, Some(100)).await.expect("short wait");
-    assert_eq!(still.state, ProcessState::Running, "the process ended early: {still:?}");
+    let still = d
+        .client
+        .wait_process(&sb.id, p.handle, Some(100))
+        .await
+        .expect("short wait");
+    assert_eq!(
+        still.state,
+        ProcessState::Running,
+        "the process ended early: {still:?}"
+    );
 
-    d.client.signal_process(&sb.id, p.handle, None).await.expect("kill");
-    let done = d.client.wait_process(&sb.id, p.handle, Some(5000)).await.expect("wait");
+    d.client
+        .signal_process(&sb.id, p.handle, None)
+        .await
+        .expect("kill");
+    let done = d
+        .client
+        .wait_process(&sb.id, p.handle, Some(5000))
+        .await
+        .expect("wait");
     assert_eq!(done.state, ProcessState::Exited, "{done:?}");
     let status = done.status.expect("an exit status");
-    assert_eq!((status.exit_code, status.signal), (None, Some(9)), "{status:?}");
+    assert_eq!(
+        (status.exit_code, status.signal),
+        (None, Some(9)),
+        "{status:?}"
+    );
     let mut left = Vec::new();
     let gone = common::eventually(Duration::from_secs(1), || {
         left = commands_left(sb.id.as_str(), sb.init_pid);
@@ -271,7 +345,10 @@ async fn the_audit_trail_records_argv_exit_and_caller_of_each_exec() {
     let sb = d.create().await;
     d.exec(&sb.id, &["sh", "-c", "exit 5"]).await;
     d.exec(&sb.id, &["echo", "audited"]).await;
-    let _ = d.client.exec(&sb.id, &cmd(&["no-such-command-mayfly"])).await;
+    let _ = d
+        .client
+        .exec(&sb.id, &cmd(&["no-such-command-mayfly"]))
+        .await;
     let trail = d.client.audit(&sb.id).await.expect("audit");
     assert_eq!(trail.len(), 3, "{trail:#?}");
     let find = |argv0: &str| {
@@ -282,12 +359,18 @@ async fn the_audit_trail_records_argv_exit_and_caller_of_each_exec() {
     };
     let sh = find("sh");
     assert_eq!(sh.argv, ["sh", "-c", "exit 5"]);
-    assert_eq!((sh.exit_code, sh.signal, sh.error.as_deref()), (Some(5), None, None));
+    assert_eq!(
+        (sh.exit_code, sh.signal, sh.error.as_deref()),
+        (Some(5), None, None)
+    );
     let echo = find("echo");
     assert_eq!((echo.exit_code, echo.stdout_bytes), (Some(0), 8));
     let missing = find("no-such-command-mayfly");
     assert_eq!(missing.exit_code, None);
-    assert!(missing.error.is_some(), "a failed start is audited with its error");
+    assert!(
+        missing.error.is_some(),
+        "a failed start is audited with its error"
+    );
     for a in &trail {
         assert_eq!(a.sandbox_id, sb.id.as_str());
         assert_eq!(a.caller, "unix:uid=0", "the caller of {:?}", a.argv);

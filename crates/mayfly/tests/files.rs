@@ -5,10 +5,10 @@ mod common;
 
 use std::path::Path;
 
+use common::tarball::{self, raw_tar, read_tree, summary, write_tree, Node, RawEntry};
 use common::{host_exists, text, unique, Daemon};
 use mayfly_client::ClientError;
 use mayfly_types::{ErrorCode, MkdirRequest};
-use common::tarball::{self, raw_tar, read_tree, summary, write_tree, Node, RawEntry};
 
 fn host_shadow() -> Vec<u8> {
     std::fs::read("/etc/shadow").unwrap_or_default()
@@ -27,20 +27,43 @@ async fn a_symlink_to_root_resolves_inside_the_sandbox_not_on_the_host() {
     let name = unique("mayfly-pwned");
     let w = d
         .client
-        .write_file(&sb.id, &format!("/workspace/esc/tmp/{name}"), b"pwned".to_vec(), None)
+        .write_file(
+            &sb.id,
+            &format!("/workspace/esc/tmp/{name}"),
+            b"pwned".to_vec(),
+            None,
+        )
         .await;
-    assert!(!host_exists(format!("/tmp/{name}")), "the API wrote /tmp/{name} on the host");
+    assert!(
+        !host_exists(format!("/tmp/{name}")),
+        "the API wrote /tmp/{name} on the host"
+    );
     if w.is_ok() {
         // It may only have landed in the sandbox's own /tmp.
         assert_eq!(d.sh(&sb.id, &format!("cat /tmp/{name}")).await, "pwned");
     }
 
-    let r = d.client.read_file(&sb.id, "/workspace/esc/etc/shadow").await;
+    let r = d
+        .client
+        .read_file(&sb.id, "/workspace/esc/etc/shadow")
+        .await;
     if let Ok(data) = &r {
-        assert_ne!(data.to_vec(), host_shadow(), "the host's /etc/shadow came back");
+        assert_ne!(
+            data.to_vec(),
+            host_shadow(),
+            "the host's /etc/shadow came back"
+        );
     }
-    assert_eq!(api_code(&r), Some(ErrorCode::NotFound), "the sandbox has no /etc/shadow: {r:?}");
-    let passwd = d.client.read_file(&sb.id, "/workspace/esc/etc/passwd").await.expect("read");
+    assert_eq!(
+        api_code(&r),
+        Some(ErrorCode::NotFound),
+        "the sandbox has no /etc/shadow: {r:?}"
+    );
+    let passwd = d
+        .client
+        .read_file(&sb.id, "/workspace/esc/etc/passwd")
+        .await
+        .expect("read");
     assert_eq!(text(&passwd), d.sh(&sb.id, "cat /etc/passwd").await);
 }
 
@@ -48,22 +71,43 @@ async fn a_symlink_to_root_resolves_inside_the_sandbox_not_on_the_host() {
 async fn proc_magic_links_are_refused_by_the_file_api() {
     let d = Daemon::start().await;
     let sb = d.create().await;
-    d.sh(&sb.id, "ln -s /proc/1/root /workspace/p && ln -s /proc/self/root /workspace/s").await;
+    d.sh(
+        &sb.id,
+        "ln -s /proc/1/root /workspace/p && ln -s /proc/self/root /workspace/s",
+    )
+    .await;
     let name = unique("mayfly-pwned");
-    for link in ["/workspace/p", "/workspace/s", "/proc/1/root", "/proc/self/root"] {
-        let r = d.client.read_file(&sb.id, &format!("{link}/etc/passwd")).await;
+    for link in [
+        "/workspace/p",
+        "/workspace/s",
+        "/proc/1/root",
+        "/proc/self/root",
+    ] {
+        let r = d
+            .client
+            .read_file(&sb.id, &format!("{link}/etc/passwd"))
+            .await;
         assert!(
-            matches!(api_code(&r), Some(ErrorCode::PermissionDenied | ErrorCode::NotFound)),
+            matches!(
+                api_code(&r),
+                Some(ErrorCode::PermissionDenied | ErrorCode::NotFound)
+            ),
             "reading through {link} gave {r:?}"
         );
-        let r = d.client.read_file(&sb.id, &format!("{link}/etc/shadow")).await;
+        let r = d
+            .client
+            .read_file(&sb.id, &format!("{link}/etc/shadow"))
+            .await;
         assert!(r.is_err(), "reading {link}/etc/shadow succeeded");
         let w = d
             .client
             .write_file(&sb.id, &format!("{link}/tmp/{name}"), b"x".to_vec(), None)
             .await;
         assert!(w.is_err(), "writing through {link} succeeded: {w:?}");
-        assert!(!host_exists(format!("/tmp/{name}")), "writing through {link} reached the host");
+        assert!(
+            !host_exists(format!("/tmp/{name}")),
+            "writing through {link} reached the host"
+        );
     }
 }
 
@@ -79,8 +123,16 @@ async fn dotdot_paths_are_clamped_at_the_sandbox_root() {
         .filter_map(|l| l.split(':').next().map(|u| format!("\n{u}:")))
         .filter(|u| !inside.contains(u.as_str()))
         .collect();
-    for path in ["../../../etc/passwd", "/workspace/../../../etc/passwd", "/../../etc/passwd"] {
-        let got = d.client.read_file(&sb.id, path).await.expect("read through ..");
+    for path in [
+        "../../../etc/passwd",
+        "/workspace/../../../etc/passwd",
+        "/../../etc/passwd",
+    ] {
+        let got = d
+            .client
+            .read_file(&sb.id, path)
+            .await
+            .expect("read through ..");
         let got = text(&got);
         assert_eq!(got, inside, "{path} is not the sandbox's /etc/passwd");
         for u in &host_users {
@@ -121,7 +173,10 @@ async fn evil_tar_entries_are_rejected_and_create_nothing() {
     let file = |p: String| RawEntry::file(&p, b"evil");
     let cases: Vec<(&str, Vec<RawEntry>)> = vec![
         ("a `..` path", vec![file(format!("../{name}"))]),
-        ("a deep `..` path", vec![file(format!("x/../../../../{name}"))]),
+        (
+            "a deep `..` path",
+            vec![file(format!("x/../../../../{name}"))],
+        ),
         ("an absolute path", vec![file(format!("/etc/{name}"))]),
         (
             "a file through a symlink to /",
@@ -129,15 +184,27 @@ async fn evil_tar_entries_are_rejected_and_create_nothing() {
         ),
         (
             "a file through a symlink climbing out",
-            vec![RawEntry::symlink("up", "../../.."), file(format!("up/{name}"))],
+            vec![
+                RawEntry::symlink("up", "../../.."),
+                file(format!("up/{name}")),
+            ],
         ),
-        ("a hard link to the host's shadow", vec![RawEntry::hardlink(&name, "/etc/shadow")]),
-        ("a hard link climbing out", vec![RawEntry::hardlink(&name, "../../etc/passwd")]),
+        (
+            "a hard link to the host's shadow",
+            vec![RawEntry::hardlink(&name, "/etc/shadow")],
+        ),
+        (
+            "a hard link climbing out",
+            vec![RawEntry::hardlink(&name, "../../etc/passwd")],
+        ),
         ("a character device", vec![RawEntry::device(&name, b'3')]),
         ("a FIFO", vec![RawEntry::device(&name, b'6')]),
     ];
     for (what, entries) in cases {
-        let r = d.client.upload_tar(&sb.id, "/workspace", raw_tar(&entries)).await;
+        let r = d
+            .client
+            .upload_tar(&sb.id, "/workspace", raw_tar(&entries))
+            .await;
         match &r {
             Err(ClientError::Api { status, error }) => {
                 assert!((400..500).contains(status), "{what}: {status} {error:?}");
@@ -164,7 +231,14 @@ async fn a_tree_round_trips_through_tar_upload_and_download() {
     let sb = d.create().await;
     let tree = tarball::sample_tree();
     d.client
-        .mkdir(&sb.id, &MkdirRequest { path: "/workspace/rt".into(), parents: true, mode: None })
+        .mkdir(
+            &sb.id,
+            &MkdirRequest {
+                path: "/workspace/rt".into(),
+                parents: true,
+                mode: None,
+            },
+        )
         .await
         .expect("mkdir");
     let up = d
@@ -172,7 +246,10 @@ async fn a_tree_round_trips_through_tar_upload_and_download() {
         .upload_tar(&sb.id, "/workspace/rt", tarball::tar_of(&tree))
         .await
         .expect("upload");
-    let files = tree.values().filter(|n| matches!(n, Node::File { .. })).count() as u64;
+    let files = tree
+        .values()
+        .filter(|n| matches!(n, Node::File { .. }))
+        .count() as u64;
     let bytes: u64 = tree
         .values()
         .map(|n| match n {
@@ -180,16 +257,27 @@ async fn a_tree_round_trips_through_tar_upload_and_download() {
             _ => 0,
         })
         .sum();
-    assert_eq!((up.files, up.symlinks, up.bytes), (files, 1, bytes), "{up:?}");
+    assert_eq!(
+        (up.files, up.symlinks, up.bytes),
+        (files, 1, bytes),
+        "{up:?}"
+    );
 
     // Inside, the tree is what was sent.
     assert_eq!(d.sh(&sb.id, "cat /workspace/rt/hello.txt").await, "hello\n");
-    assert_eq!(d.sh(&sb.id, "readlink /workspace/rt/link").await, "nested/deeper/bin.dat\n");
+    assert_eq!(
+        d.sh(&sb.id, "readlink /workspace/rt/link").await,
+        "nested/deeper/bin.dat\n"
+    );
     assert_eq!(d.sh(&sb.id, "/workspace/rt/run.sh").await, "script ran\n");
 
     // A directory downloads as one entry named after it, holding the tree
     // (as `docker cp` and `tar -C /workspace -c rt` lay it out).
-    let back = d.client.download_tar(&sb.id, "/workspace/rt").await.expect("download");
+    let back = d
+        .client
+        .download_tar(&sb.id, "/workspace/rt")
+        .await
+        .expect("download");
     let mut got = read_tree(&back);
     assert_eq!(got.remove("rt"), Some(Node::Dir), "{:?}", summary(&got));
     let got: tarball::Tree = got
@@ -199,7 +287,11 @@ async fn a_tree_round_trips_through_tar_upload_and_download() {
             None => panic!("entry {p} is outside rt/"),
         })
         .collect();
-    assert_eq!(summary(&got), summary(&tree), "the downloaded tree differs from the uploaded one");
+    assert_eq!(
+        summary(&got),
+        summary(&tree),
+        "the downloaded tree differs from the uploaded one"
+    );
     assert!(got == tree);
 }
 
@@ -214,13 +306,20 @@ async fn cli_cp_round_trips_a_directory() {
     let dst = format!("{}:/workspace/dir", sb.id);
     let out = d.run_cli(&["cp", src.to_str().expect("utf-8"), &dst]);
     common::expect_exit(&out, 0, "mayfly cp to the sandbox");
-    assert_eq!(d.sh(&sb.id, "cat /workspace/dir/hello.txt").await, "hello\n");
+    assert_eq!(
+        d.sh(&sb.id, "cat /workspace/dir/hello.txt").await,
+        "hello\n"
+    );
 
     let out_dir = work.path().join("out");
     let out = d.run_cli(&["cp", &dst, out_dir.to_str().expect("utf-8")]);
     common::expect_exit(&out, 0, "mayfly cp from the sandbox");
     let got = tarball::tree_of_dir(&out_dir);
-    assert_eq!(summary(&got), summary(&tree), "cp did not round-trip the tree");
+    assert_eq!(
+        summary(&got),
+        summary(&tree),
+        "cp did not round-trip the tree"
+    );
     assert!(got == tree);
 }
 
@@ -235,10 +334,16 @@ async fn api_written_files_belong_to_the_sandbox_root_and_keep_their_mode() {
         .await
         .expect("write");
     assert_eq!((st.uid, st.gid, st.mode & 0o7777), (0, 0, 0o755), "{st:?}");
-    assert_eq!(d.sh(&sb.id, "stat -c '%u %g %a' /workspace/s.sh").await, "0 0 755\n");
+    assert_eq!(
+        d.sh(&sb.id, "stat -c '%u %g %a' /workspace/s.sh").await,
+        "0 0 755\n"
+    );
     assert_eq!(d.sh(&sb.id, "/workspace/s.sh").await, "script ran\n");
 
-    d.client.write_file(&sb.id, "/workspace/plain", b"x".to_vec(), None).await.expect("write");
+    d.client
+        .write_file(&sb.id, "/workspace/plain", b"x".to_vec(), None)
+        .await
+        .expect("write");
     assert_eq!(d.sh(&sb.id, "stat -c '%u' /workspace/plain").await, "0\n");
     // On the host, the file in the upper layer is owned by the sandbox's
     // root (uid_base), never by host root.

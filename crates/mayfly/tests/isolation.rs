@@ -6,13 +6,15 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::host::{self, oom_kills, procs_in_sandbox};
+use common::host::{self, oom_kills, procs_inside};
 use common::{assert_no_leaks, cmd, host_exists, text, unique, Daemon, SANDBOX_UID_START};
 use mayfly_types::{ExecRequest, Limits, StartProcessRequest};
 
 /// Numeric entries of a `/proc` listing.
 fn pids_listed(ls: &str) -> BTreeSet<u32> {
-    ls.split_whitespace().filter_map(|w| w.parse().ok()).collect()
+    ls.split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect()
 }
 
 #[tokio::test]
@@ -30,7 +32,10 @@ async fn exec_cannot_see_host_pids() {
     );
     for host_pid in [d.pid, std::process::id()] {
         if host_pid > 100 {
-            assert!(!inside.contains(&host_pid), "host pid {host_pid} is visible: {inside:?}");
+            assert!(
+                !inside.contains(&host_pid),
+                "host pid {host_pid} is visible: {inside:?}"
+            );
         }
     }
     let shell_pid: u32 = d.sh(&sb.id, "echo $$").await.trim().parse().expect("a pid");
@@ -42,7 +47,35 @@ async fn exec_cannot_see_host_pids() {
     assert_eq!(r.status.exit_code, Some(0), "{}", text(&r.stderr.0));
     assert_ne!(r.stdout.0, host_init, "pid 1 inside is the host's init");
     let init = d.sh(&sb.id, "cat /proc/1/comm").await;
-    assert!(init.starts_with("mayfly"), "pid 1 inside should be Mayfly's init, not {init:?}");
+    assert!(
+        init.starts_with("mayfly"),
+        "pid 1 inside should be Mayfly's init, not {init:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_daemons_command_line_and_environment_are_not_visible_inside() {
+    // A daemon whose argv and environment carry a secret (a TCP bearer
+    // token) and host paths (its state directory).
+    let token = unique("mayfly-secret-token");
+    let d = Daemon::start_with(&["--tcp", "127.0.0.1:0", "--token", &token]).await;
+    let sb = d.create().await;
+    let state = d.state_dir.display().to_string();
+    // Every process a sandbox can see: its own /proc, every pid in it.
+    let seen = d
+        .sh(
+            &sb.id,
+            "for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do tr '\\0' ' ' < $f 2>/dev/null; echo; done",
+        )
+        .await;
+    assert!(
+        !seen.contains(&token),
+        "a sandbox can read the daemon's bearer token:\n{seen}"
+    );
+    assert!(
+        !seen.contains(&state),
+        "a sandbox can read the daemon's state directory:\n{seen}"
+    );
 }
 
 #[tokio::test]
@@ -56,32 +89,49 @@ async fn hostname_is_the_sandbox_id_and_the_hosts_is_untouched() {
         sb.id.as_str()
     );
     let after = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("host hostname");
-    assert_eq!(before, after, "creating a sandbox changed the host's hostname");
+    assert_eq!(
+        before, after,
+        "creating a sandbox changed the host's hostname"
+    );
 }
 
 #[tokio::test]
 async fn ipc_namespace_hides_host_shared_memory() {
     let d = Daemon::start().await;
     let sb = d.create().await;
-    // A random key well inside the positive range of key_t.
-    let key = (std::process::id() as i32 & 0xffff) << 12 | 0x5a5;
-    // SAFETY: shmget with a fresh key; the segment is removed below.
-    let shmid = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) };
-    assert!(shmid >= 0, "shmget on the host failed: {}", std::io::Error::last_os_error());
+    // SAFETY: shmget of a new private segment; it is removed below.
+    let shmid = unsafe { libc::shmget(libc::IPC_PRIVATE, 4096, libc::IPC_CREAT | 0o600) };
+    assert!(
+        shmid >= 0,
+        "shmget on the host failed: {}",
+        std::io::Error::last_os_error()
+    );
     let host_view = std::fs::read_to_string("/proc/sysvipc/shm").unwrap_or_default();
     let inside = d.sh(&sb.id, "cat /proc/sysvipc/shm").await;
     // SAFETY: removing the segment created above; no pointer is involved.
     unsafe { libc::shmctl(shmid, libc::IPC_RMID, std::ptr::null_mut()) };
 
+    // Rows are `key shmid perms size …`; find ours by its shmid.
+    let key = shmid;
     let has_key = |table: &str| {
         table
             .lines()
             .skip(1)
-            .any(|l| l.split_whitespace().next() == Some(&key.to_string()))
+            .any(|l| l.split_whitespace().nth(1) == Some(&shmid.to_string()))
     };
-    assert!(has_key(&host_view), "the host's own table lacks key {key}: {host_view}");
-    assert!(!has_key(&inside), "the sandbox sees the host's segment {key}:\n{inside}");
-    assert_eq!(inside.lines().skip(1).count(), 0, "the sandbox sees segments:\n{inside}");
+    assert!(
+        has_key(&host_view),
+        "the host's own table lacks segment {shmid}: {host_view}"
+    );
+    assert!(
+        !has_key(&inside),
+        "the sandbox sees the host's segment {key}:\n{inside}"
+    );
+    assert_eq!(
+        inside.lines().skip(1).count(),
+        0,
+        "the sandbox sees segments:\n{inside}"
+    );
 }
 
 #[tokio::test]
@@ -89,14 +139,21 @@ async fn every_namespace_differs_from_the_hosts() {
     let d = Daemon::start().await;
     let sb = d.create().await;
     let kinds = ["uts", "ipc", "net", "pid", "mnt", "user", "cgroup"];
-    let script: String = kinds.iter().map(|k| format!("readlink /proc/self/ns/{k};")).collect();
+    let script: String = kinds
+        .iter()
+        .map(|k| format!("readlink /proc/self/ns/{k};"))
+        .collect();
     let inside = d.sh(&sb.id, &script).await;
     let inside: Vec<&str> = inside.lines().collect();
     assert_eq!(inside.len(), kinds.len(), "{inside:?}");
     for (kind, seen) in kinds.iter().zip(inside) {
         let host = std::fs::read_link(format!("/proc/self/ns/{kind}")).expect("host ns link");
         assert_eq!(&seen[..kind.len()], *kind);
-        assert_ne!(seen, host.to_string_lossy(), "the sandbox shares the host's {kind} namespace");
+        assert_ne!(
+            seen,
+            host.to_string_lossy(),
+            "the sandbox shares the host's {kind} namespace"
+        );
     }
 }
 
@@ -108,16 +165,23 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
     assert_eq!(d.sh(&a.id, "id -u").await.trim(), "0");
     let map = d.sh(&a.id, "cat /proc/self/uid_map").await;
     let map: Vec<&str> = map.split_whitespace().collect();
-    assert_eq!(map, ["0", &a.uid_base.to_string(), "65536"], "uid_map inside");
+    assert_eq!(
+        map,
+        ["0", &a.uid_base.to_string(), "65536"],
+        "uid_map inside"
+    );
 
     let req = StartProcessRequest {
         argv: vec!["sleep".into(), "30".into()],
         ..StartProcessRequest::default()
     };
-    d.client.start_process(&a.id, &req).await.expect("starting sleep");
+    d.client
+        .start_process(&a.id, &req)
+        .await
+        .expect("starting sleep");
     let mut sleeps = Vec::new();
     let found = common::eventually(Duration::from_secs(2), || {
-        sleeps = procs_in_sandbox(a.id.as_str())
+        sleeps = procs_inside(a.id.as_str(), a.init_pid)
             .into_iter()
             .filter(|p| p.comm == "sleep")
             .collect();
@@ -126,11 +190,27 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
     .await;
     assert!(found, "no `sleep` in {}'s cgroup on the host", a.id);
     for p in &sleeps {
-        assert!(p.uid >= SANDBOX_UID_START, "root inside runs as host uid {}: {p:?}", p.uid);
-        assert_eq!(p.uid, a.uid_base, "root inside should map to the sandbox's uid_base");
+        assert!(
+            p.uid >= SANDBOX_UID_START,
+            "root inside runs as host uid {}: {p:?}",
+            p.uid
+        );
+        assert_eq!(
+            p.uid, a.uid_base,
+            "root inside should map to the sandbox's uid_base"
+        );
     }
-    for p in procs_in_sandbox(a.id.as_str()) {
-        assert_ne!(p.uid, 0, "a process of the sandbox runs as host root: {p:?}");
+    let inside = procs_inside(a.id.as_str(), a.init_pid);
+    assert!(
+        inside.len() >= 2,
+        "expected init and sleep inside: {inside:?}"
+    );
+    for p in inside {
+        assert!(
+            p.uid >= SANDBOX_UID_START,
+            "a process inside runs as host uid {}: {p:?}",
+            p.uid
+        );
     }
     assert!(a.uid_base >= SANDBOX_UID_START && b.uid_base >= SANDBOX_UID_START);
     assert!(
@@ -146,8 +226,16 @@ async fn network_has_only_loopback() {
     let d = Daemon::start().await;
     let sb = d.create().await;
     let dev = d.sh(&sb.id, "cat /proc/net/dev").await;
-    let ifaces: Vec<&str> = dev.lines().skip(2).filter_map(|l| l.split(':').next()).collect();
-    assert_eq!(ifaces.iter().map(|s| s.trim()).collect::<Vec<_>>(), ["lo"], "{dev}");
+    let ifaces: Vec<&str> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    assert_eq!(
+        ifaces.iter().map(|s| s.trim()).collect::<Vec<_>>(),
+        ["lo"],
+        "{dev}"
+    );
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a host listener");
     listener.set_nonblocking(true).expect("nonblocking");
@@ -157,7 +245,11 @@ async fn network_has_only_loopback() {
             "import socket\ns = socket.socket()\ns.settimeout(3)\ns.connect(('{host}', {port}))\nprint('connected')"
         );
         let r = d.exec(&sb.id, &["python3", "-c", &script]).await;
-        assert_ne!(r.status.exit_code, Some(0), "connecting to {host}:{port} worked");
+        assert_ne!(
+            r.status.exit_code,
+            Some(0),
+            "connecting to {host}:{port} worked"
+        );
         assert!(!text(&r.stdout.0).contains("connected"));
         let err = text(&r.stderr.0);
         assert!(
@@ -176,20 +268,35 @@ async fn host_secrets_and_homes_are_not_visible() {
     let d = Daemon::start().await;
     let sb = d.create().await;
     let r = d.exec(&sb.id, &["cat", "/etc/shadow"]).await;
-    assert_ne!(r.status.exit_code, Some(0), "/etc/shadow is readable inside");
+    assert_ne!(
+        r.status.exit_code,
+        Some(0),
+        "/etc/shadow is readable inside"
+    );
     assert!(r.stdout.0.is_empty());
 
     // No line of the host's shadow file appears anywhere in the sandbox's /etc.
     let etc = d.sh(&sb.id, "cat /etc/* /etc/*/* 2>/dev/null; true").await;
     let shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
     for line in shadow.lines().filter(|l| l.len() > 10) {
-        assert!(!etc.contains(line), "host shadow line visible in the sandbox's /etc: {line}");
+        assert!(
+            !etc.contains(line),
+            "host shadow line visible in the sandbox's /etc: {line}"
+        );
     }
-    assert_eq!(d.sh(&sb.id, "ls -A /root /home | grep -v : | grep . ; true").await, "");
+    assert_eq!(
+        d.sh(&sb.id, "ls -A /root /home | grep -v : | grep . ; true")
+            .await,
+        ""
+    );
     let state = d.state_dir.display().to_string();
     for path in ["/work/main", "/work", state.as_str(), "/var/lib/mayfly"] {
         let r = d.exec(&sb.id, &["test", "-e", path]).await;
-        assert_eq!(r.status.exit_code, Some(1), "{path} exists inside the sandbox");
+        assert_eq!(
+            r.status.exit_code,
+            Some(1),
+            "{path} exists inside the sandbox"
+        );
     }
 }
 
@@ -219,7 +326,11 @@ async fn fork_bomb_is_stopped_by_the_pids_limit_and_the_host_is_unaffected() {
         "no fork failure reported: {:?}, stderr {err:?}",
         r.status
     );
-    assert!(t.elapsed() < Duration::from_secs(10), "the bomb ran {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the bomb ran {:?}",
+        t.elapsed()
+    );
     let max = host::cgroup_file(bomb.id.as_str(), ("pids", "pids.max"), "pids.max");
     assert_eq!(max.as_deref().map(str::trim), Some("64"));
     if let Some(peak) = host::cgroup_file(bomb.id.as_str(), ("pids", "pids.peak"), "pids.peak") {
@@ -228,13 +339,18 @@ async fn fork_bomb_is_stopped_by_the_pids_limit_and_the_host_is_unaffected() {
     }
 
     // The host, the daemon and other sandboxes carry on.
-    let host = std::process::Command::new("true").status().expect("forking on the host");
+    let host = std::process::Command::new("true")
+        .status()
+        .expect("forking on the host");
     assert!(host.success());
     d.assert_healthy().await;
     assert_eq!(d.sh(&other.id, "echo still here").await, "still here\n");
     assert_eq!(d.sh(&bomb.id, "echo recovered").await, "recovered\n");
 
-    d.client.destroy(&bomb.id).await.expect("destroying the bomb");
+    d.client
+        .destroy(&bomb.id)
+        .await
+        .expect("destroying the bomb");
     assert_no_leaks(&d.state_dir, &[bomb.id.as_str()]);
 }
 
@@ -257,8 +373,14 @@ async fn memory_hog_is_oom_killed_inside_its_cgroup_while_the_daemon_serves() {
             },
         )
         .await;
-    assert!(!r.status.timed_out, "the hog was not killed by the OOM killer");
-    assert!(!text(&r.stdout.0).contains("survived"), "512 MiB fit in a 64 MiB sandbox");
+    assert!(
+        !r.status.timed_out,
+        "the hog was not killed by the OOM killer"
+    );
+    assert!(
+        !text(&r.stdout.0).contains("survived"),
+        "512 MiB fit in a 64 MiB sandbox"
+    );
     assert!(
         r.status.signal == Some(9) || r.status.exit_code == Some(137),
         "the hog was not SIGKILLed: {:?}, stderr {:?}",
@@ -266,9 +388,16 @@ async fn memory_hog_is_oom_killed_inside_its_cgroup_while_the_daemon_serves() {
         text(&r.stderr.0)
     );
     let kills = oom_kills(sb.id.as_str());
-    assert!(kills.is_some_and(|k| k >= 1), "the sandbox's memory cgroup counts {kills:?} OOM kills");
+    assert!(
+        kills.is_some_and(|k| k >= 1),
+        "the sandbox's memory cgroup counts {kills:?} OOM kills"
+    );
     d.assert_healthy().await;
-    assert_eq!(d.sh(&sb.id, "echo ok").await, "ok\n", "the sandbox died with its hog");
+    assert_eq!(
+        d.sh(&sb.id, "echo ok").await,
+        "ok\n",
+        "the sandbox died with its hog"
+    );
 }
 
 #[tokio::test]
@@ -283,19 +412,39 @@ async fn writes_are_invisible_to_other_sandboxes_and_gone_after_destroy() {
     );
     assert_eq!(d.sh(&a.id, &script).await, "secret\n");
     let host_copy = format!("/usr/local/bin/{name}");
-    assert!(!host_exists(&host_copy), "a sandbox's write reached the host: {host_copy}");
+    assert!(
+        !host_exists(&host_copy),
+        "a sandbox's write reached the host: {host_copy}"
+    );
     for path in ["/workspace/secret".to_owned(), host_copy.clone()] {
         let r = d.exec(&b.id, &["test", "-e", &path]).await;
-        assert_eq!(r.status.exit_code, Some(1), "sandbox {} sees {}'s {path}", b.id, a.id);
+        assert_eq!(
+            r.status.exit_code,
+            Some(1),
+            "sandbox {} sees {}'s {path}",
+            b.id,
+            a.id
+        );
     }
     let dir = d.sandbox_dir(&a.id);
-    assert!(dir.exists(), "{} should hold {}'s upper layer", dir.display(), a.id);
+    assert!(
+        dir.exists(),
+        "{} should hold {}'s upper layer",
+        dir.display(),
+        a.id
+    );
 
     d.client.destroy(&a.id).await.expect("destroy");
     assert_no_leaks(&d.state_dir, &[a.id.as_str()]);
     let r = d.exec(&b.id, &["test", "-e", "/workspace/secret"]).await;
     assert_eq!(r.status.exit_code, Some(1));
     let fresh = d.create().await;
-    let r = d.exec(&fresh.id, &["test", "-e", "/workspace/secret"]).await;
-    assert_eq!(r.status.exit_code, Some(1), "a new sandbox sees a destroyed one's file");
+    let r = d
+        .exec(&fresh.id, &["test", "-e", "/workspace/secret"])
+        .await;
+    assert_eq!(
+        r.status.exit_code,
+        Some(1),
+        "a new sandbox sees a destroyed one's file"
+    );
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::host::{self, children_of, procs_in_sandbox, start_time};
@@ -19,12 +20,25 @@ const WORKERS: usize = 2;
 async fn cycles(client: Client, worker: usize, n: usize) -> Vec<SandboxId> {
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
-        let sb = client.create(&CreateRequest::default()).await.expect("create");
+        let sb = client
+            .create(&CreateRequest::default())
+            .await
+            .expect("create");
         let word = format!("w{worker}-{i}");
-        let r = client.exec(&sb.id, &cmd(&["echo", &word])).await.expect("exec");
-        assert_eq!(text(&r.stdout.0), format!("{word}\n"), "cycle {i} of worker {worker}");
+        let r = client
+            .exec(&sb.id, &cmd(&["echo", &word]))
+            .await
+            .expect("exec");
+        assert_eq!(
+            text(&r.stdout.0),
+            format!("{word}\n"),
+            "cycle {i} of worker {worker}"
+        );
         let gone = client.destroy(&sb.id).await.expect("destroy");
-        assert_eq!(gone.state, SandboxState::Destroyed, "cycle {i}: {gone:?}");
+        assert!(
+            matches!(gone.state, SandboxState::Stopping | SandboxState::Destroyed),
+            "cycle {i}: {gone:?}"
+        );
         ids.push(sb.id);
     }
     ids
@@ -44,9 +58,24 @@ async fn many_create_exec_destroy_cycles_leave_nothing_behind() {
     let ids: Vec<&str> = ids.iter().map(SandboxId::as_str).collect();
     assert_no_leaks(&d.state_dir, &ids);
     assert!(d.client.list(false).await.expect("list").is_empty());
-    let all = d.client.list(true).await.expect("list all");
-    assert_eq!(all.len(), CYCLES);
-    assert!(all.iter().all(|s| s.state == SandboxState::Destroyed));
+    // The record turns `destroyed` when the background cleanup finishes.
+    let t = std::time::Instant::now();
+    loop {
+        let all = d.client.list(true).await.expect("list all");
+        assert_eq!(all.len(), CYCLES);
+        let pending: Vec<_> = all
+            .iter()
+            .filter(|s| s.state != SandboxState::Destroyed)
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "records not destroyed: {pending:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A process, identified by pid and start time so a reused pid is not it.
@@ -64,12 +93,18 @@ async fn killing_the_daemon_kills_its_sandboxes_and_restart_recovers_everything(
     };
     for _ in 0..10 {
         let sb = d.create().await;
-        d.client.start_process(&sb.id, &sleep).await.expect("start sleep");
+        d.client
+            .start_process(&sb.id, &sleep)
+            .await
+            .expect("start sleep");
         ids.push(sb.id);
     }
     let ready = common::eventually(Duration::from_secs(3), || {
-        ids.iter()
-            .all(|id| procs_in_sandbox(id.as_str()).iter().any(|p| p.comm == "sleep"))
+        ids.iter().all(|id| {
+            procs_in_sandbox(id.as_str())
+                .iter()
+                .any(|p| p.comm == "sleep")
+        })
     })
     .await;
     assert!(ready, "not every sandbox shows its sleep on the host");
@@ -81,31 +116,84 @@ async fn killing_the_daemon_kills_its_sandboxes_and_restart_recovers_everything(
         .collect();
     victims.sort();
     victims.dedup();
-    assert!(victims.len() >= 21, "expected a zygote, 10 inits and 10 sleeps: {victims:?}");
+    assert!(
+        victims.len() >= 21,
+        "expected a zygote, 10 inits and 10 sleeps: {victims:?}"
+    );
+    // Every Mayfly cgroup the daemon's processes sit in, including any it
+    // prepared for sandboxes not yet asked for.
+    let prepared = host::cgroup_ids_below(d.pid);
 
     d.kill9();
     let mut left = Vec::new();
     let dead = common::eventually(Duration::from_secs(3), || {
-        left = victims.iter().filter(|(p, t, _)| alive(*p, *t)).cloned().collect();
+        left = victims
+            .iter()
+            .filter(|(p, t, _)| alive(*p, *t))
+            .cloned()
+            .collect();
         left.is_empty()
     })
     .await;
-    assert!(dead, "processes outlived the daemon's kill -9 by 3 s: {left:?}");
+    assert!(
+        dead,
+        "processes outlived the daemon's kill -9 by 3 s: {left:?}"
+    );
 
     d.restart().await;
     for id in &ids {
-        let info = d.client.get(id).await.expect("the record survives the crash");
+        let info = d
+            .client
+            .get(id)
+            .await
+            .expect("the record survives the crash");
         assert_eq!(info.state, SandboxState::Failed, "{info:?}");
         let reason = info.reason.clone().unwrap_or_default();
         assert!(reason.contains("owner_died"), "{id}: reason {reason:?}");
         assert_eq!(info.init_pid, None);
     }
     assert!(d.client.list(false).await.expect("list").is_empty());
-    let ids: Vec<&str> = ids.iter().map(SandboxId::as_str).collect();
-    assert_no_leaks(&d.state_dir, &ids);
+    let mut all: BTreeSet<&str> = ids.iter().map(SandboxId::as_str).collect();
+    all.extend(prepared.iter().map(String::as_str));
+    assert_no_leaks(&d.state_dir, &all.into_iter().collect::<Vec<_>>());
     // The restarted daemon works.
     let sb = d.create().await;
     assert_eq!(d.sh(&sb.id, "echo back").await, "back\n");
+}
+
+#[tokio::test]
+async fn stopping_the_daemon_destroys_its_sandboxes_and_leaves_nothing() {
+    let mut d = Daemon::start().await;
+    let mut ids = BTreeSet::new();
+    for _ in 0..3 {
+        let sb = d.create().await;
+        let sleep = StartProcessRequest {
+            argv: vec!["sleep".into(), "1000".into()],
+            ..StartProcessRequest::default()
+        };
+        d.client
+            .start_process(&sb.id, &sleep)
+            .await
+            .expect("start sleep");
+        ids.insert(sb.id.to_string());
+    }
+    ids.extend(host::cgroup_ids_below(d.pid));
+    let tree: Vec<(u32, u64, String)> = host::descendants(d.pid)
+        .into_iter()
+        .filter_map(|p| Some((p.pid, start_time(p.pid)?, p.comm)))
+        .collect();
+    assert!(
+        tree.len() >= 8,
+        "expected the daemon, a zygote, 3 inits and 3 sleeps: {tree:?}"
+    );
+
+    d.stop();
+    let left: Vec<_> = tree.iter().filter(|(p, t, _)| alive(*p, *t)).collect();
+    assert!(
+        left.is_empty(),
+        "processes outlived the daemon's SIGTERM shutdown: {left:?}"
+    );
+    assert_no_leaks(&d.state_dir, &ids.iter().collect::<Vec<_>>());
 }
 
 #[tokio::test]
@@ -116,7 +204,11 @@ async fn another_instance_starting_leaves_live_sandboxes_alone() {
         argv: vec!["sleep".into(), "1000".into()],
         ..StartProcessRequest::default()
     };
-    let p = a.client.start_process(&sb.id, &sleep).await.expect("start sleep");
+    let p = a
+        .client
+        .start_process(&sb.id, &sleep)
+        .await
+        .expect("start sleep");
     let cgroups = host::cgroup_dirs(sb.id.as_str());
     assert!(!cgroups.is_empty());
 
@@ -134,9 +226,22 @@ async fn another_instance_starting_leaves_live_sandboxes_alone() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     b.assert_healthy().await;
 
-    assert_eq!(host::cgroup_dirs(sb.id.as_str()), cgroups, "another instance removed {}'s cgroups", sb.id);
-    let info = a.client.wait_process(&sb.id, p.handle, Some(10)).await.expect("wait");
-    assert_eq!(info.status, None, "another instance killed {}'s process: {info:?}", sb.id);
+    assert_eq!(
+        host::cgroup_dirs(sb.id.as_str()),
+        cgroups,
+        "another instance removed {}'s cgroups",
+        sb.id
+    );
+    let info = a
+        .client
+        .wait_process(&sb.id, p.handle, Some(10))
+        .await
+        .expect("wait");
+    assert_eq!(
+        info.status, None,
+        "another instance killed {}'s process: {info:?}",
+        sb.id
+    );
     assert_eq!(a.sh(&sb.id, "echo alive").await, "alive\n");
 }
 
@@ -147,7 +252,11 @@ async fn a_create_with_a_missing_template_is_refused_and_leaves_nothing() {
         template: Some(TemplateRef::Dir("/nonexistent-mayfly-template".into())),
         ..CreateRequest::default()
     };
-    let e = d.client.create(&req).await.expect_err("a missing template directory");
+    let e = d
+        .client
+        .create(&req)
+        .await
+        .expect_err("a missing template directory");
     match &e {
         mayfly_client::ClientError::Api { status, error } => {
             assert!((400..500).contains(status), "{status} {error:?}");
@@ -174,9 +283,16 @@ async fn a_template_without_a_shell_fails_exec_cleanly_and_destroys_cleanly() {
         ..CreateRequest::default()
     };
     let sb = d.create_with(&req).await;
-    let e = d.client.exec(&sb.id, &cmd(&["sh", "-c", "true"])).await.expect_err("no sh");
+    let e = d
+        .client
+        .exec(&sb.id, &cmd(&["sh", "-c", "true"]))
+        .await
+        .expect_err("no sh");
     assert_eq!(e.code(), Some(ErrorCode::ExecFailed), "{e:?}");
     d.client.destroy(&sb.id).await.expect("destroy");
     assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
-    assert!(rootfs.path().join("etc/hostname").exists(), "destroy touched the template");
+    assert!(
+        rootfs.path().join("etc/hostname").exists(),
+        "destroy touched the template"
+    );
 }

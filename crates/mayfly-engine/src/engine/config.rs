@@ -90,7 +90,10 @@ mod tests {
             UIDS_PER_SANDBOX
         );
         let last = EngineConfig::uid_base(MAX_SLOTS - 1) as u64 + UIDS_PER_SANDBOX as u64 - 1;
-        assert!(last < u32::MAX as u64, "the last id {last} must stay below 2^32-1");
+        assert!(
+            last < u32::MAX as u64,
+            "the last id {last} must stay below 2^32-1"
+        );
         // Root inside maps to the first id of the range, never to host root.
         assert!(EngineConfig::uid_base(0) > 65535);
     }

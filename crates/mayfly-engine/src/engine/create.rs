@@ -14,12 +14,12 @@ use tokio::io::unix::AsyncFd;
 use super::config::{EngineConfig, UIDS_PER_SANDBOX};
 use super::sandbox::Sandbox;
 use super::stubs::ReadyStub;
-use crate::runtime::stub::StubHandle;
 use super::{now_ms, Engine};
 use crate::api::Caller;
 use crate::plan::{self, mounts};
 use crate::runtime::conn::InitConn;
 use crate::runtime::proto::SpawnPlan;
+use crate::runtime::stub::StubHandle;
 use crate::template::plan_layers;
 use crate::EngineError;
 
@@ -53,18 +53,21 @@ pub(crate) fn random_id() -> Result<SandboxId, EngineError> {
     Ok(SandboxId::from_entropy(b))
 }
 
-/// Per-sandbox directories: the mount point and one (upper, work) pair per layer.
+/// The mount point of the root, relative to the sandbox's directory.
+const ROOTFS: &str = "rootfs";
+
+/// Per-sandbox directories: the sandbox's own directory and one (upper,
+/// work) pair per layer.
 pub(crate) fn sandbox_dirs(
     cfg: &EngineConfig,
     id: &SandboxId,
     layers: usize,
-) -> (PathBuf, PathBuf, Vec<(PathBuf, PathBuf)>) {
+) -> (PathBuf, Vec<(PathBuf, PathBuf)>) {
     let dir = cfg.sandboxes_dir().join(id.as_str());
-    let rootfs = dir.join("rootfs");
     let uppers = (0..layers)
         .map(|i| (dir.join(format!("upper{i}")), dir.join(format!("work{i}"))))
         .collect();
-    (dir, rootfs, uppers)
+    (dir, uppers)
 }
 
 fn make_dirs(
@@ -140,7 +143,12 @@ impl Engine {
         }
 
         // The stub (already in its cgroups) fixes the sandbox's id.
-        let ReadyStub { id, stub, cgroup: _ } = self.take_stub().await?;
+        let ReadyStub {
+            id,
+            stub,
+            cgroup: _,
+        } = self.take_stub().await?;
+        let t_stub = t0.elapsed();
         let now = now_ms();
         let rec = SandboxRecord {
             id: id.clone(),
@@ -159,12 +167,15 @@ impl Engine {
         };
         let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
             .map_err(|e| EngineError::Internal(e.to_string()));
-        let slot = inner.store.insert_sandbox(&rec, cfg.slots()).map_err(|e| match e {
-            mayfly_store::StoreError::SlotsExhausted { max } => {
-                EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
-            }
-            e => e.into(),
-        });
+        let slot = inner
+            .store
+            .insert_sandbox(&rec, cfg.slots())
+            .map_err(|e| match e {
+                mayfly_store::StoreError::SlotsExhausted { max } => {
+                    EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
+                }
+                e => e.into(),
+            });
         let (slot, cgroup) = match (slot, cgroup) {
             (Ok(s), Ok(c)) => (s, c),
             (slot, cgroup) => {
@@ -175,18 +186,21 @@ impl Engine {
                         .map_err(|e| EngineError::Internal(e.to_string()))?,
                 });
                 if slot.is_ok() {
-                    let _ = inner.store.transition(&id, SandboxState::Failed, Some("plan"));
+                    let _ = inner
+                        .store
+                        .transition(&id, SandboxState::Failed, Some("plan"));
                 }
-                return Err(slot.and(cgroup).err().unwrap_or_else(|| {
-                    EngineError::Internal("create failed".into())
-                }));
+                return Err(slot
+                    .and(cgroup)
+                    .err()
+                    .unwrap_or_else(|| EngineError::Internal("create failed".into())));
             }
         };
         // The record now names these cgroups; the stub marker is redundant.
         self.forget_stub(&id);
         let uid_base = EngineConfig::uid_base(slot);
         let layers = plan_layers(&template, &inner.skeleton, &inner.host);
-        let (dir, rootfs, uppers) = sandbox_dirs(cfg, &id, layers.len());
+        let (dir, uppers) = sandbox_dirs(cfg, &id, layers.len());
         let env = base_env(&id, &req.env);
         let spawn = SpawnPlan {
             id: id.to_string(),
@@ -194,7 +208,8 @@ impl Engine {
             uid_count: UIDS_PER_SANDBOX,
             layers,
             uppers,
-            rootfs,
+            workdir: dir.clone(),
+            rootfs: PathBuf::from(ROOTFS),
             before_pivot: Vec::new(),
             after_pivot: mounts::after_pivot(),
             rlimits: plan::hardening::default_rlimits(&limits),
@@ -205,6 +220,7 @@ impl Engine {
             ..spawn
         };
 
+        let t_plan = t0.elapsed();
         let (pid, pidfd, conn) = match self.bring_up(&id, &stub, &cgroup, &dir, &spawn).await {
             Ok(x) => x,
             Err(e) => {
@@ -246,6 +262,7 @@ impl Engine {
                 let _ = engine.destroy_sandbox(sb, "init_exited").await;
             }
         });
+        let t_up = t0.elapsed();
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
         inner.store.transition(&id, SandboxState::Ready, None)?;
         inner.store.set_ready_info(&id, pid as u32, create_ms)?;
@@ -254,6 +271,7 @@ impl Engine {
             "ready",
             &serde_json::json!({"create_ms": create_ms, "caller": caller.0, "template": template.to_string()}),
         )?;
+        tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
         self.info(&id)
     }
 
@@ -270,11 +288,13 @@ impl Engine {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        make_dirs(dir, &plan.rootfs, &plan.uppers, plan.uid_base)
+        let t = Instant::now();
+        make_dirs(dir, &dir.join(&plan.rootfs), &plan.uppers, plan.uid_base)
             .map_err(|e| internal("creating directories", &e))?;
         // The directories exist already (the stub sits in them); this writes
         // the requested limits.
         mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
+        let t_host = t.elapsed();
         let spawned = stub
             .spawn(plan)
             .await
@@ -282,7 +302,9 @@ impl Engine {
         let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)
             .map_err(|e| internal("watching init", &e))?;
         let conn = InitConn::new(spawned.ctl).map_err(|e| internal("connecting to init", &e))?;
+        let t_spawned = t.elapsed();
         let ready = tokio::time::timeout(self.inner.cfg.setup_timeout, conn.wait_ready()).await;
+        tracing::debug!(%id, host = ?t_host, spawned = ?t_spawned, ready = ?t.elapsed(), "bring-up timings");
         let failure = match ready {
             Ok(Ok(())) => return Ok((spawned.pid, pidfd, conn)),
             Ok(Err(e)) => internal("setting up", &e),

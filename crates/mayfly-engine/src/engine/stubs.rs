@@ -96,9 +96,11 @@ impl Engine {
                 let made = engine.make_stub().await;
                 let pool = &engine.inner.stubs;
                 match made {
-                    Ok(s) if !engine.inner.shutting_down.load(Ordering::SeqCst) => {
-                        pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(s)
-                    }
+                    Ok(s) if !engine.inner.shutting_down.load(Ordering::SeqCst) => pool
+                        .ready
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_back(s),
                     Ok(s) => engine.discard_stub(s),
                     Err(e) => tracing::warn!(error = %e, "refilling the stub pool failed"),
                 }

@@ -38,6 +38,9 @@ fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {
     // is 0 here, the parent being outside this pid namespace; a zygote that
     // died before this point is noticed by the receive below failing.)
     process::set_parent_death_signal(libc::SIGKILL).map_err(|e| super::chain(&e))?;
+    // pid 1's command line is readable by everyone inside: show nothing of
+    // the daemon's arguments or environment.
+    process::wipe_cmdline_and_environ("mayfly-init");
     // The zygote sends the layer mounts once the id maps are written and
     // this process is in its cgroup; until then nothing here is mapped.
     let mut buf = Vec::new();
@@ -49,6 +52,9 @@ fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {
             layers.len()
         ));
     }
+    // Enter the sandbox's directory while still host uid 0 (the owner of
+    // every directory above it); from here on all paths are relative.
+    mount::chdir(&plan.workdir).map_err(|e| super::chain(&e))?;
     process::become_root_in_userns().map_err(|e| super::chain(&e))?;
     process::unshare_cgroup_ns().map_err(|e| super::chain(&e))?;
     mount::make_rprivate().map_err(|e| super::chain(&e))?;

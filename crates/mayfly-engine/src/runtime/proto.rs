@@ -20,7 +20,11 @@ pub struct SpawnPlan {
     pub layers: Vec<Layer>,
     /// One (upper, work) pair per layer.
     pub uppers: Vec<(PathBuf, PathBuf)>,
-    /// The empty directory the root is attached to inside init's namespace.
+    /// The sandbox's directory on the host; init enters it before it gives
+    /// up host uid 0, so no ancestor needs to be searchable by others.
+    pub workdir: PathBuf,
+    /// The empty directory the root is attached to inside init's
+    /// namespace, relative to `workdir`.
     pub rootfs: PathBuf,
     pub before_pivot: Vec<MountOp>,
     pub after_pivot: Vec<MountOp>,

@@ -69,6 +69,7 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32) -> ! {
     {
         process::exit_now(1);
     }
+    process::wipe_cmdline_and_environ("mayfly-stub");
     // The zygote ignores SIGCHLD; this process must reap its init itself.
     process::reset_signals();
     let mut buf = Vec::new();

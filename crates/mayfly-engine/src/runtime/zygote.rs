@@ -84,6 +84,7 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
     {
         process::exit_now(1);
     }
+    process::wipe_cmdline_and_environ("mayfly-zygote");
     // Stubs are reaped by the kernel; the daemon watches them via pidfds.
     process::ignore_children();
     let mut buf = Vec::new();

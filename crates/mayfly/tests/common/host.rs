@@ -72,6 +72,37 @@ pub fn children_of(pid: u32) -> Vec<ProcInfo> {
         .collect()
 }
 
+/// `pid` and every process below it.
+pub fn descendants(pid: u32) -> Vec<ProcInfo> {
+    let all: Vec<ProcInfo> = all_pids().into_iter().filter_map(proc_info).collect();
+    let mut out: Vec<ProcInfo> = all.iter().filter(|p| p.pid == pid).cloned().collect();
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i].pid;
+        out.extend(all.iter().filter(|p| p.ppid == parent).cloned());
+        i += 1;
+    }
+    out
+}
+
+/// The sandbox ids (`mf-…`) of every Mayfly cgroup that `pid` or any of
+/// its descendants sits in: the daemon's live sandboxes, and whatever it
+/// has prepared ahead of time for future ones.
+pub fn cgroup_ids_below(pid: u32) -> std::collections::BTreeSet<String> {
+    descendants(pid)
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{}/cgroup", p.pid)).ok())
+        .flat_map(|c| {
+            c.lines()
+                .filter_map(|l| l.split("/mayfly/").nth(1))
+                .filter_map(|rest| rest.split('/').next())
+                .filter(|id| id.starts_with("mf-"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Host processes in any cgroup of sandbox `id` (`…/mayfly/<id>` in
 /// `/proc/<pid>/cgroup`), zombies included.
 pub fn procs_in_sandbox(id: &str) -> Vec<ProcInfo> {
@@ -83,6 +114,24 @@ pub fn procs_in_sandbox(id: &str) -> Vec<ProcInfo> {
                 .is_ok_and(|c| c.lines().any(|l| l.contains(&needle)))
         })
         .filter_map(proc_info)
+        .collect()
+}
+
+/// The pid namespace of a process (`pid:[4026532181]`).
+pub fn pid_ns(pid: u32) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    Some(link.to_string_lossy().into_owned())
+}
+
+/// Processes running *inside* sandbox `id`: in its cgroups and in the pid
+/// namespace of its init (host pid `init_pid`). Mayfly's host-side helpers
+/// that sit in the sandbox's cgroups (its stub) are not inside.
+pub fn procs_inside(id: &str, init_pid: Option<u32>) -> Vec<ProcInfo> {
+    let init_pid = init_pid.expect("a live sandbox reports its init's host pid");
+    let ns = pid_ns(init_pid).expect("the sandbox's init is running");
+    procs_in_sandbox(id)
+        .into_iter()
+        .filter(|p| pid_ns(p.pid).as_deref() == Some(ns.as_str()))
         .collect()
 }
 
@@ -154,9 +203,28 @@ pub fn mounts_mentioning(needles: &[&str]) -> Vec<String> {
 
 /// Asserts that nothing of sandboxes `ids` is left on the host: no mount
 /// mentioning the state directory or an id, no cgroup, no process in their
-/// cgroups, no named network namespace, and no sandbox or trash directory
-/// (directories are removed in the background, so they get 2 s).
+/// cgroups, no named network namespace, and no sandbox or trash directory.
+///
+/// Destroy answers once the sandbox is SIGKILLed and finishes the cleanup in
+/// the background, so everything gets up to 2 s to disappear.
 pub fn assert_no_leaks<S: AsRef<str>>(state_dir: &Path, ids: &[S]) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut problems = leaks(state_dir, ids);
+    while !problems.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        problems = leaks(state_dir, ids);
+    }
+    assert!(
+        problems.is_empty(),
+        "{} leak(s) of {} sandbox(es), 2 s after they ended:\n  {}",
+        problems.len(),
+        ids.len(),
+        problems.join("\n  ")
+    );
+}
+
+/// What is left of sandboxes `ids` right now, one line per object.
+pub fn leaks<S: AsRef<str>>(state_dir: &Path, ids: &[S]) -> Vec<String> {
     let state = state_dir.to_string_lossy().into_owned();
     let mut problems = Vec::new();
     let mut needles = vec![state.as_str()];
@@ -175,31 +243,14 @@ pub fn assert_no_leaks<S: AsRef<str>>(state_dir: &Path, ids: &[S]) {
         if host_netns_named(id) {
             problems.push(format!("named network namespace left: /run/netns/{id}"));
         }
+        for d in ["sandboxes", "trash"] {
+            let p = state_dir.join(d).join(id);
+            if std::fs::symlink_metadata(&p).is_ok() {
+                problems.push(format!("directory left: {}", p.display()));
+            }
+        }
     }
-    let dirs = |ids: &[S]| -> Vec<PathBuf> {
-        ids.iter()
-            .flat_map(|id| {
-                ["sandboxes", "trash"].map(|d| state_dir.join(d).join(id.as_ref()))
-            })
-            .filter(|p| std::fs::symlink_metadata(p).is_ok())
-            .collect()
-    };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut left = dirs(ids);
-    while !left.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        left = dirs(ids);
-    }
-    for d in left {
-        problems.push(format!("directory left 2 s after destroy: {}", d.display()));
-    }
-    assert!(
-        problems.is_empty(),
-        "{} leak(s) of {} sandbox(es):\n  {}",
-        problems.len(),
-        ids.len(),
-        problems.join("\n  ")
-    );
+    problems
 }
 
 fn host_netns_named(id: &str) -> bool {

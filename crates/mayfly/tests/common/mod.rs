@@ -127,7 +127,11 @@ impl Daemon {
         self.client = Client::unix(&self.socket);
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!(
                     "`mayfly serve` exited with {status} before answering; its log:\n{}",
                     self.log()
@@ -165,8 +169,9 @@ impl Daemon {
         self.spawn().await;
     }
 
-    /// SIGTERM, then waits up to 20 s (SIGKILL after that).
-    fn stop(&mut self) {
+    /// Stops the daemon the way an operator does: SIGTERM, then waits up to
+    /// 20 s (SIGKILL after that).
+    pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -193,7 +198,11 @@ impl Daemon {
 
     /// Asserts the daemon answers `/healthz` with `ok: true`.
     pub async fn assert_healthy(&mut self) {
-        assert!(self.is_running(), "the daemon died; its log:\n{}", self.log());
+        assert!(
+            self.is_running(),
+            "the daemon died; its log:\n{}",
+            self.log()
+        );
         let ok = self.client.health().await;
         assert!(
             matches!(ok, Ok(true)),
@@ -252,14 +261,20 @@ impl Daemon {
     /// The CLI, pointed at this daemon.
     pub fn cli(&self) -> Command {
         let mut c = Command::new(BIN);
-        c.arg("--socket").arg(&self.socket).arg("--state-dir").arg(&self.state_dir);
+        c.arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state_dir);
         c.stdin(Stdio::null());
         c
     }
 
     /// Runs the CLI with `args` against this daemon.
     pub fn run_cli(&self, args: &[&str]) -> Output {
-        self.cli().args(args).output().expect("running the mayfly CLI")
+        self.cli()
+            .args(args)
+            .output()
+            .expect("running the mayfly CLI")
     }
 
     /// The directory a sandbox's files live in while it exists.

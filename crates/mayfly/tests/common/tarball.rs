@@ -11,7 +11,10 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Node {
     /// Permission bits (`mode & 0o777`) and content.
-    File { mode: u32, data: Vec<u8> },
+    File {
+        mode: u32,
+        data: Vec<u8>,
+    },
     Dir,
     Symlink(String),
 }
@@ -55,7 +58,10 @@ pub fn sample_tree() -> Tree {
     };
     Tree::from([
         ("hello.txt".into(), file(0o644, b"hello\n")),
-        ("run.sh".into(), file(0o755, b"#!/bin/sh\necho script ran\n")),
+        (
+            "run.sh".into(),
+            file(0o755, b"#!/bin/sh\necho script ran\n"),
+        ),
         ("nested".into(), Node::Dir),
         ("nested/empty".into(), Node::Dir),
         ("nested/deeper".into(), Node::Dir),
@@ -103,8 +109,15 @@ pub fn read_tree(archive: &[u8]) -> Tree {
     let mut ar = tar::Archive::new(archive);
     for entry in ar.entries().expect("reading the archive") {
         let mut e = entry.expect("an archive entry");
-        let raw = e.path().expect("an entry path").to_string_lossy().into_owned();
-        let name = raw.trim_start_matches("./").trim_end_matches('/').to_owned();
+        let raw = e
+            .path()
+            .expect("an entry path")
+            .to_string_lossy()
+            .into_owned();
+        let name = raw
+            .trim_start_matches("./")
+            .trim_end_matches('/')
+            .to_owned();
         if name.is_empty() || name == "." {
             continue;
         }
@@ -152,9 +165,16 @@ pub fn tree_of_dir(root: &Path) -> Tree {
     let mut tree = Tree::new();
     let mut stack = vec![String::new()];
     while let Some(rel) = stack.pop() {
-        for e in std::fs::read_dir(root.join(&rel)).expect("reading a directory").flatten() {
+        for e in std::fs::read_dir(root.join(&rel))
+            .expect("reading a directory")
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().into_owned();
-            let path = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let path = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
             let m = std::fs::symlink_metadata(e.path()).expect("metadata");
             let node = if m.is_dir() {
                 stack.push(path.clone());
@@ -197,7 +217,10 @@ impl RawEntry {
         Self::new(name, typeflag, "", b"")
     }
     fn new(name: &str, typeflag: u8, link: &str, data: &[u8]) -> Self {
-        assert!(name.len() < 100 && link.len() < 100, "names must fit a ustar header");
+        assert!(
+            name.len() < 100 && link.len() < 100,
+            "names must fit a ustar header"
+        );
         RawEntry {
             name: name.into(),
             typeflag,

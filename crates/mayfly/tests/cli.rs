@@ -1,0 +1,265 @@
+//! The `mayfly` CLI as a user runs it: daemonless `run`, `--json` output,
+//! create/ps/rm through a daemon, and a clear error when no daemon answers.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+
+use common::{assert_no_leaks, expect_exit, test_dir, text, Daemon, BIN};
+use mayfly_types::{ExecResult, SandboxId, SandboxInfo, SandboxState};
+
+/// The CLI with no daemon: `--socket` names a path nothing listens on.
+fn daemonless(dir: &tempfile::TempDir, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--socket")
+        .arg(dir.path().join("no-daemon.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the mayfly CLI")
+}
+
+/// Sandbox directories left in a daemonless state directory.
+fn sandbox_dirs_left(dir: &tempfile::TempDir) -> Vec<String> {
+    std::fs::read_dir(dir.path().join("state/sandboxes"))
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn run_prints_exactly_the_commands_output_without_a_daemon() {
+    common::require_root();
+    let dir = test_dir();
+    let out = daemonless(
+        &dir,
+        &[
+            "run",
+            "--",
+            "python3",
+            "-c",
+            "print(\"hello from a sandbox\")",
+        ],
+    );
+    let stdout = expect_exit(&out, 0, "mayfly run");
+    assert_eq!(stdout, "hello from a sandbox\n");
+    assert_eq!(text(&out.stderr), "", "run printed to stderr");
+    assert!(
+        sandbox_dirs_left(&dir).is_empty(),
+        "run left {:?}",
+        sandbox_dirs_left(&dir)
+    );
+    // Stdout and stderr stay apart.
+    let out = daemonless(&dir, &["run", "--", "sh", "-c", "echo out; echo err >&2"]);
+    assert_eq!(expect_exit(&out, 0, "mayfly run"), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+}
+
+#[test]
+fn run_json_output_is_an_exec_result() {
+    common::require_root();
+    let dir = test_dir();
+    let out = daemonless(
+        &dir,
+        &["--json", "run", "--", "sh", "-c", "echo hi; exit 4"],
+    );
+    let stdout = expect_exit(&out, 4, "mayfly --json run");
+    let r: ExecResult = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("`run --json` is not an ExecResult ({e}): {stdout}"));
+    assert_eq!(
+        (r.status.exit_code, r.stdout.0.as_slice()),
+        (Some(4), b"hi\n".as_slice())
+    );
+    let ids: Vec<String> = sandbox_dirs_left(&dir);
+    assert!(ids.is_empty(), "run left {ids:?}");
+}
+
+#[tokio::test]
+async fn create_ps_and_rm_manage_a_sandbox_through_the_daemon() {
+    let d = Daemon::start().await;
+    let out = d.run_cli(&["create"]);
+    let printed = expect_exit(&out, 0, "mayfly create");
+    let id: SandboxId = printed.trim().parse().expect("create prints a sandbox id");
+    assert_eq!(printed, format!("{id}\n"), "create prints only the id");
+    assert_eq!(
+        d.client.get(&id).await.expect("get").state,
+        SandboxState::Ready
+    );
+
+    let ps = expect_exit(&d.run_cli(&["ps"]), 0, "mayfly ps");
+    let row = ps.lines().find(|l| l.starts_with(id.as_str()));
+    assert!(
+        row.is_some_and(|r| r.contains("ready")),
+        "ps does not list {id} as ready:\n{ps}"
+    );
+
+    let rm = expect_exit(&d.run_cli(&["rm", id.as_str()]), 0, "mayfly rm");
+    assert_eq!(rm, format!("{id}\n"));
+    // rm answers once the sandbox is killed; it may show as `stopping` while
+    // the cleanup finishes, and then leaves the list.
+    let ps = expect_exit(&d.run_cli(&["ps"]), 0, "mayfly ps");
+    let row = ps.lines().find(|l| l.starts_with(id.as_str()));
+    assert!(
+        row.is_none_or(|r| r.contains("stopping")),
+        "after rm, ps shows:\n{ps}"
+    );
+    assert_no_leaks(&d.state_dir, &[id.as_str()]);
+    let t = std::time::Instant::now();
+    loop {
+        let ps = expect_exit(&d.run_cli(&["ps"]), 0, "mayfly ps");
+        if !ps.contains(id.as_str()) {
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 2,
+            "ps still lists {id} 2 s after rm:\n{ps}"
+        );
+    }
+    // rm of an id that is not a sandbox id fails, and says so.
+    let out = d.run_cli(&["rm", "not-an-id"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("not-an-id"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn json_output_of_create_and_ps_parses() {
+    let d = Daemon::start().await;
+    let out = d.run_cli(&["--json", "create", "--pids", "100", "--label", "team=e2e"]);
+    let stdout = expect_exit(&out, 0, "mayfly --json create");
+    let info: SandboxInfo = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("`create --json` is not a SandboxInfo ({e}): {stdout}"));
+    assert_eq!(info.state, SandboxState::Ready);
+    assert_eq!(info.limits.pids, 100);
+    assert_eq!(info.labels.get("team").map(String::as_str), Some("e2e"));
+
+    let stdout = expect_exit(&d.run_cli(&["--json", "ps"]), 0, "mayfly --json ps");
+    let list: Vec<SandboxInfo> = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("`ps --json` is not a list of SandboxInfo ({e}): {stdout}"));
+    assert_eq!(list.iter().map(|s| &s.id).collect::<Vec<_>>(), [&info.id]);
+
+    let stdout = expect_exit(
+        &d.run_cli(&["--json", "rm", info.id.as_str()]),
+        0,
+        "rm --json",
+    );
+    let gone: Vec<SandboxInfo> = serde_json::from_str(&stdout).expect("rm --json is a list");
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].id, info.id);
+}
+
+#[tokio::test]
+async fn run_goes_through_a_daemon_when_one_answers() {
+    let d = Daemon::start().await;
+    let out = d.run_cli(&["run", "--", "sh", "-c", "hostname"]);
+    let host = expect_exit(&out, 0, "mayfly run through the daemon");
+    let id: SandboxId = host.trim().parse().expect("the hostname is a sandbox id");
+    let info = d
+        .client
+        .get(&id)
+        .await
+        .expect("the daemon knows the sandbox `run` used");
+    assert_ne!(
+        info.state,
+        SandboxState::Ready,
+        "run left its sandbox alive: {info:?}"
+    );
+    assert_no_leaks(&d.state_dir, &[id.as_str()]);
+}
+
+#[test]
+fn exec_without_a_daemon_fails_and_points_at_mayfly_serve() {
+    let dir = test_dir();
+    for args in [
+        vec!["exec", "mf-aaaaaaaaaaaa", "--", "true"],
+        vec!["ps"],
+        vec!["create"],
+    ] {
+        let out = daemonless(&dir, &args);
+        assert_ne!(
+            out.status.code(),
+            Some(0),
+            "`mayfly {}` succeeded",
+            args.join(" ")
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("mayfly serve"),
+            "`mayfly {}` said: {err}",
+            args.join(" ")
+        );
+        assert_eq!(text(&out.stdout), "");
+    }
+}
+
+/// `mktemp -d` and most temp-dir helpers make 0700 directories. A state
+/// directory below one must either work, or be refused when the daemon
+/// starts, with the path in the message; a daemon that answers health checks
+/// but fails every create is neither.
+#[tokio::test]
+async fn a_state_dir_below_a_private_directory_works_or_is_refused_at_start() {
+    common::require_root();
+    let dir = tempfile::Builder::new()
+        .prefix("mayfly-test-private-")
+        .tempdir_in("/tmp")
+        .expect("a temporary directory");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let socket = dir.path().join("mayfly.sock");
+    let state = dir.path().join("state");
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("serve")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning mayfly serve");
+    let client = mayfly_client::Client::unix(&socket);
+    let t = std::time::Instant::now();
+    let outcome = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break Err(status);
+        }
+        if let Ok(true) = client.health().await {
+            break Ok(());
+        }
+        assert!(
+            t.elapsed().as_secs() < 15,
+            "the daemon neither served nor exited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    match outcome {
+        Err(status) => {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+                .expect("reading stderr");
+            assert!(!status.success());
+            assert!(
+                err.contains(&state.display().to_string()),
+                "refused without naming the path: {err}"
+            );
+        }
+        Ok(()) => {
+            let created = client.create(&Default::default()).await;
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+            if let Err(e) = created {
+                panic!("the daemon started, then failed a plain create: {e:?}");
+            }
+        }
+    }
+}
