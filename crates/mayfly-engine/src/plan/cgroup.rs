@@ -361,7 +361,7 @@ mod tests {
         let layout = CgroupLayout::V2 { root: "/cg".into() };
         let got = plan(&layout, &id(), &limits).unwrap();
         let values: Vec<&str> = got.writes[2..].iter().map(|w| w.value.as_str()).collect();
-        assert_eq!(values, ["67108864", "0", "1", "25000 100000", "32"]);
+        assert_eq!(values, ["67108864", "0", "25000 100000", "32"]);
         let v1 = plan(&hybrid(true), &id(), &limits).unwrap();
         let values: Vec<&str> = v1.writes.iter().map(|w| w.value.as_str()).collect();
         assert_eq!(values, ["67108864", "67108864", "100000", "25000", "32"]);
