@@ -17,18 +17,18 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in bwrap:bubblewrap runc:runc podman:podman busybox:busybox-static jq:jq unshare:util-linux; do
+for cmd in bwrap:bubblewrap runc:runc podman:podman jq:jq unshare:util-linux; do
     command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd#*:}")
 done
 # busybox-static, not the dynamic busybox: the rootfs below has no libc.
-[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q dynamic && need+=(busybox-static)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-BUSYBOX=$(command -v busybox)
+BUSYBOX=/bin/busybox
 
 # One busybox rootfs, shared by the runc bundle and the podman image, so both
 # peers start the same /bin/true.

@@ -17,6 +17,23 @@ use crate::stats::Samples;
 /// How long a destroyed sandbox may take to vanish before it counts as a leak.
 pub const CLEANUP_LIMIT: Duration = Duration::from_secs(10);
 
+/// The longest a single API call may take before the bench gives up on it.
+pub const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// Awaits an API call, failing after [`CALL_LIMIT`] instead of hanging.
+pub async fn call<T, E>(
+    what: impl std::fmt::Display,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match tokio::time::timeout(CALL_LIMIT, fut).await {
+        Ok(r) => r.with_context(|| what.to_string()),
+        Err(_) => bail!("{what}: the daemon did not answer within {CALL_LIMIT:?}"),
+    }
+}
+
 /// Sandboxes this bench created, so the final leak check knows what to look for.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -38,7 +55,7 @@ pub async fn create(
 ) -> anyhow::Result<(SandboxInfo, Duration)> {
     let req = CreateRequest::default();
     let t = Instant::now();
-    let sb = client.create(&req).await.context("creating a sandbox")?;
+    let sb = call("creating a sandbox", client.create(&req)).await?;
     let took = t.elapsed();
     ledger.note(&sb);
     ensure!(
@@ -74,10 +91,7 @@ async fn cycle(d: &Daemon, host: &Host, ledger: &mut Ledger, first: bool) -> any
         );
     }
     let t = Instant::now();
-    d.client
-        .destroy(&sb.id)
-        .await
-        .with_context(|| format!("destroying {}", sb.id))?;
+    call(format!("destroying {}", sb.id), d.client.destroy(&sb.id)).await?;
     let destroy = t.elapsed();
     let Some(cleanup) = wait_gone(host, &traces, sb.init_pid, t, CLEANUP_LIMIT) else {
         let left: Vec<_> = traces.iter().filter(|p| p.exists()).collect();
@@ -160,7 +174,7 @@ pub fn wait_gone(
     limit: Duration,
 ) -> Option<Duration> {
     loop {
-        let gone = traces.iter().all(|p| !p.exists()) && init.is_none_or(|pid| !host.alive(pid));
+        let gone = traces.iter().all(|p| !p.exists()) && init.is_none_or(|pid| !host.running(pid));
         if gone {
             return Some(since.elapsed());
         }
@@ -189,11 +203,7 @@ pub async fn exec(
         let (mut api, mut daemon, mut fork) = (Samples::new(), Samples::new(), Samples::new());
         for i in 0..warmup + iterations {
             let t = Instant::now();
-            let r = d
-                .client
-                .exec(&sb.id, &req)
-                .await
-                .context("exec of `true`")?;
+            let r = call("exec of `true`", d.client.exec(&sb.id, &req)).await?;
             let took = t.elapsed();
             ensure!(
                 r.status.exit_code == Some(0),
@@ -220,9 +230,6 @@ pub async fn exec(
         Ok(())
     }
     .await;
-    d.client
-        .destroy(&sb.id)
-        .await
-        .with_context(|| format!("destroying {}", sb.id))?;
+    call(format!("destroying {}", sb.id), d.client.destroy(&sb.id)).await?;
     result
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use crate::api::{create, wait_gone, Ledger, CLEANUP_LIMIT};
+use crate::api::{call, create, wait_gone, Ledger, CLEANUP_LIMIT};
 use crate::daemon::Daemon;
 use crate::host::{sandbox_traces, Host};
 use crate::report::Report;
@@ -148,7 +148,7 @@ pub async fn measure(
     settle();
 
     let measured = async {
-        let listed = d.client.list(false).await.context("listing sandboxes")?;
+        let listed = call("listing sandboxes", d.client.list(false)).await?;
         let inits: HashSet<u32> = listed.iter().filter_map(|s| s.init_pid).collect();
         if inits.len() < alive.len() {
             let with_pid = listed.iter().filter(|s| s.init_pid.is_some()).count();
@@ -185,8 +185,8 @@ pub async fn measure(
     let t = Instant::now();
     let mut traces = Vec::new();
     for sb in &alive {
-        if let Err(e) = d.client.destroy(&sb.id).await {
-            report.note(format!("Density: destroying {} failed: {e}", sb.id));
+        if let Err(e) = call(format!("destroying {}", sb.id), d.client.destroy(&sb.id)).await {
+            report.note(format!("Density: {e:#}"));
         }
         traces.extend(sandbox_traces(host, &d.state_dir, sb.id.as_str()));
     }

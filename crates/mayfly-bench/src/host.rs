@@ -87,9 +87,13 @@ impl Host {
             .collect()
     }
 
-    /// Whether a process with this pid exists.
-    pub fn alive(&self, pid: u32) -> bool {
-        self.proc.join(pid.to_string()).exists()
+    /// Whether a process with this pid exists and has not exited. A zombie
+    /// has: it holds no memory, files, mounts or namespaces any more, only
+    /// its pid until its parent (or whoever inherited it) reaps it.
+    pub fn running(&self, pid: u32) -> bool {
+        std::fs::read_to_string(self.proc.join(format!("{pid}/stat")))
+            .ok()
+            .is_some_and(|s| !matches!(stat_state(&s), Some('Z' | 'X')))
     }
 }
 
@@ -101,6 +105,12 @@ pub fn sandbox_traces(host: &Host, state_dir: &Path, id: &str) -> Vec<PathBuf> {
     ];
     v.extend(host.cgroup_dirs(id));
     v
+}
+
+/// The state letter of a `/proc/PID/stat` line (the field after the
+/// parenthesised command name, which may itself contain spaces or `)`).
+pub fn stat_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// `Key:   123 kB` lines; values without a unit are kept as they are.
@@ -147,6 +157,14 @@ pub fn machine() -> BTreeMap<&'static str, String> {
     m.insert("cpu", cpu);
     m.insert("memory", format!("{:.1} GiB", mem as f64 / 1048576.0));
     m.insert("cgroups", cgroups.to_owned());
+    // Other work on a shared host is the largest source of noise: say how
+    // busy it was when the run started.
+    let load: Vec<String> = read("/proc/loadavg")
+        .split_whitespace()
+        .take(3)
+        .map(str::to_owned)
+        .collect();
+    m.insert("load", load.join(" "));
     m.insert("date", command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]));
     m
 }
@@ -185,6 +203,13 @@ mod tests {
         assert_eq!(f["MemAvailable"], 2000);
         assert_eq!(f["HugePages_Total"], 0);
         assert!(!f.contains_key("Name"));
+    }
+
+    #[test]
+    fn stat_state_survives_odd_command_names() {
+        assert_eq!(stat_state("42 (mayfly) S 1 42 42 0"), Some('S'));
+        assert_eq!(stat_state("42 (a) b) Z 1 42"), Some('Z'));
+        assert_eq!(stat_state("garbage"), None);
     }
 
     #[test]

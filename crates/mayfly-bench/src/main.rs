@@ -244,7 +244,7 @@ fn leak_check(
         .init_pids
         .iter()
         .copied()
-        .filter(|p| host.alive(*p))
+        .filter(|p| host.running(*p))
         .collect();
     let mounts = host.mounts_mentioning(&scratch.display().to_string());
     let clean = paths.is_empty() && procs.is_empty() && mounts.is_empty();

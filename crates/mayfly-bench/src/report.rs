@@ -190,12 +190,13 @@ impl Report {
         let _ = writeln!(o, "\n## Results\n\nMeasured on {}.\n", m("date"));
         let _ = writeln!(
             o,
-            "- **Machine:** Linux {}, {} vCPUs ({}), {} memory, cgroups {}.",
+            "- **Machine:** Linux {}, {} vCPUs ({}), {} memory, cgroups {}; load average {} at the start.",
             m("kernel"),
             m("nproc"),
             m("cpu"),
             m("memory"),
-            m("cgroups")
+            m("cgroups"),
+            m("load")
         );
         let vers: Vec<String> = self
             .versions

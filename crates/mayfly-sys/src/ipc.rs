@@ -88,7 +88,21 @@ pub fn recv(
     if nonblocking {
         flags |= MsgFlags::MSG_DONTWAIT;
     }
-    buf.resize(MAX_MESSAGE, 0);
+    // Peek at the next packet's length (MSG_TRUNC reports it in full) so
+    // the buffer is sized to the message, not to the largest possible one.
+    let peek = loop {
+        let mut none: [u8; 0] = [];
+        let peek_flags =
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC | (flags & MsgFlags::MSG_DONTWAIT);
+        match nix::sys::socket::recv(sock.as_raw_fd(), &mut none, peek_flags) {
+            Ok(n) => break n,
+            Err(nix::Error::EINTR) => continue,
+            Err(nix::Error::ECONNRESET) => return Err(IpcError::Closed),
+            Err(e) => return Err(nix_err("recv(MSG_PEEK)", e)),
+        }
+    };
+    buf.clear();
+    buf.resize(peek.clamp(1, MAX_MESSAGE), 0);
     let mut cbuf = nix::cmsg_space!([RawFd; MAX_FDS]);
     let (len, fds, truncated) = loop {
         let mut iov = [IoSliceMut::new(buf.as_mut_slice())];

@@ -38,14 +38,24 @@ fn call(op: &'static str) -> ProcessError {
     }
 }
 
+/// The namespaces a sandbox's stub makes ahead of time, as host root: the
+/// sandbox inherits them, owned by the host's user namespace.
+pub const STUB_NAMESPACES: libc::c_int =
+    libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+
 /// The namespaces a sandbox's init is cloned into. The cgroup namespace is
-/// entered later, by init itself, once it has been placed in its cgroup.
-pub const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
-    | libc::CLONE_NEWNS
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
-    | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS;
+/// entered later, by init itself.
+pub const SANDBOX_NAMESPACES: libc::c_int =
+    libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
+
+/// Moves the caller into new namespaces.
+pub fn unshare(flags: libc::c_int) -> Result<(), ProcessError> {
+    // SAFETY: plain syscall with integer flags.
+    if unsafe { libc::unshare(flags) } < 0 {
+        return Err(call("unshare"));
+    }
+    Ok(())
+}
 
 /// Whether this is the parent or the child after a fork or clone.
 pub enum Forked {
@@ -301,6 +311,16 @@ fn parse_start_time(stat: &str) -> Option<u64> {
         return None;
     }
     fields.nth(18)?.parse().ok()
+}
+
+/// Makes orphaned descendants reparent to this process instead of the
+/// host's pid 1.
+pub fn set_child_subreaper() -> Result<(), ProcessError> {
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } < 0 {
+        return Err(call("prctl(PR_SET_CHILD_SUBREAPER)"));
+    }
+    Ok(())
 }
 
 /// Sets SIGCHLD to SIG_IGN, so the kernel reaps children on exit.

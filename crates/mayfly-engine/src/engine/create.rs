@@ -70,24 +70,32 @@ pub(crate) fn sandbox_dirs(
     (dir, uppers)
 }
 
-fn make_dirs(
-    dir: &Path,
-    rootfs: &Path,
-    uppers: &[(PathBuf, PathBuf)],
-    uid_base: u32,
-) -> std::io::Result<()> {
+/// Creates the sandbox's directory, its mount point and `layers` (upper,
+/// work) pairs, skipping any that exist (a stub may have made them ahead).
+pub(crate) fn make_dirs(dir: &Path, layers: usize) -> std::io::Result<()> {
     let mut b = std::fs::DirBuilder::new();
-    // Traverse-only for others: init walks this path to its mount point
-    // after becoming the sandbox's root, which is not root on the host.
+    let mk = |b: &std::fs::DirBuilder, p: &Path| match b.create(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    };
+    // Traverse-only for others: the directory is private, but init must be
+    // able to reach its mount point inside it.
     b.mode(0o711);
-    b.create(dir)?;
+    mk(&b, dir)?;
     b.mode(0o755);
-    b.create(rootfs)?;
-    for (upper, work) in uppers {
-        b.create(upper)?;
-        // The merged root takes the upper's owner: the sandbox's root.
+    mk(&b, &dir.join(ROOTFS))?;
+    for i in 0..layers {
+        mk(&b, &dir.join(format!("upper{i}")))?;
+        mk(&b, &dir.join(format!("work{i}")))?;
+    }
+    Ok(())
+}
+
+/// Gives the upper directories to the sandbox's root: the merged root takes
+/// the upper's owner.
+fn own_uppers(uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
+    for (upper, _) in uppers {
         std::os::unix::fs::chown(upper, Some(uid_base), Some(uid_base))?;
-        b.create(work)?;
     }
     Ok(())
 }
@@ -221,7 +229,10 @@ impl Engine {
         };
 
         let t_plan = t0.elapsed();
-        let (pid, pidfd, conn) = match self.bring_up(&id, &stub, &cgroup, &dir, &spawn).await {
+        let (pid, pidfd, conn) = match self
+            .bring_up(&id, &stub, &cgroup, &dir, &spawn, &limits)
+            .await
+        {
             Ok(x) => x,
             Err(e) => {
                 stub.kill();
@@ -284,16 +295,20 @@ impl Engine {
         cgroup: &mayfly_sys::cgroup::CgroupPlan,
         dir: &Path,
         plan: &SpawnPlan,
+        limits: &mayfly_types::ResolvedLimits,
     ) -> Result<(i32, AsyncFd<std::os::fd::OwnedFd>, Arc<InitConn>), EngineError> {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
         let t = Instant::now();
-        make_dirs(dir, &dir.join(&plan.rootfs), &plan.uppers, plan.uid_base)
+        make_dirs(dir, plan.uppers.len())
+            .and_then(|()| own_uppers(&plan.uppers, plan.uid_base))
             .map_err(|e| internal("creating directories", &e))?;
-        // The directories exist already (the stub sits in them); this writes
-        // the requested limits.
-        mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
+        // The stub's cgroups were made with the default limits; only other
+        // limits need writing.
+        if limits != &self.inner.cfg.default_limits {
+            mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
+        }
         let t_host = t.elapsed();
         let spawned = stub
             .spawn(plan)

@@ -46,7 +46,6 @@ impl Engine {
             .store
             .transition(&sb.id, SandboxState::Stopping, Some(reason));
         let _ = mayfly_sys::process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
-        sb.stub.kill();
         true
     }
 
@@ -62,6 +61,8 @@ impl Engine {
         if exited.is_err() {
             tracing::error!(id = %sb.id, "init did not exit within 10 s of SIGKILL");
         }
+        // The stub exits by itself once init is gone; this only hurries it.
+        sb.stub.kill();
         let cgroup = sb.cgroup.clone();
         let removed =
             tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;

@@ -125,7 +125,9 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     if let Ok(entries) = std::fs::read_dir(&sandboxes) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if keep.contains(&name) {
+            // A live daemon's idle stubs have directories but no record.
+            let live_stub = !inner.no_daemon && inner.cfg.stubs_dir().join(&name).exists();
+            if keep.contains(&name) || live_stub {
                 continue;
             }
             match std::fs::remove_dir_all(e.path()) {

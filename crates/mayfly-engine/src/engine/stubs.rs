@@ -37,25 +37,54 @@ impl Engine {
         let marker = self.inner.cfg.stubs_dir().join(id.as_str());
         std::fs::write(&marker, b"")
             .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
+        // The directories of the `host` template (a root and /usr overlay),
+        // made now rather than on the create's critical path.
+        let dir = self.inner.cfg.sandboxes_dir().join(id.as_str());
+        let dir2 = dir.clone();
+        let made = tokio::task::spawn_blocking(move || super::create::make_dirs(&dir2, 2)).await;
+        if !matches!(made, Ok(Ok(()))) {
+            let _ = std::fs::remove_dir_all(&dir);
+            let _ = std::fs::remove_file(&marker);
+            return Err(EngineError::Internal(format!(
+                "making the directories of {id}: {made:?}"
+            )));
+        }
         let applied = cgroup.clone();
         tokio::task::spawn_blocking(move || mayfly_sys::cgroup::apply(&applied))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
             .map_err(|e| EngineError::Internal(format!("creating cgroups for {id}: {e}")))?;
-        let stub = match self.inner.zygote.fork_stub().await {
+        // On v1 the stub joins its cgroups itself (see `join_cgroups`); on
+        // v2 the daemon moves it.
+        let v1 = cgroup.version == mayfly_sys::cgroup::CgroupVersion::V1;
+        let join: Vec<_> = if v1 {
+            cgroup
+                .sandbox_dirs
+                .iter()
+                .map(|d| d.join("tasks"))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stub = match self.inner.zygote.fork_stub(id.as_str(), &join).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = mayfly_sys::cgroup::remove(&cgroup);
+                let _ = std::fs::remove_dir_all(&dir);
                 let _ = std::fs::remove_file(&marker);
                 return Err(EngineError::Internal(format!("forking a stub: {e}")));
             }
         };
         let (plan2, pid) = (cgroup.clone(), stub.pid);
-        let attached =
-            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan2, pid)).await;
+        let attached = if v1 {
+            Ok(Ok(()))
+        } else {
+            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan2, pid)).await
+        };
         if !matches!(attached, Ok(Ok(()))) {
             stub.kill();
             let _ = mayfly_sys::cgroup::remove(&cgroup);
+            let _ = std::fs::remove_dir_all(&dir);
             let _ = std::fs::remove_file(&marker);
             return Err(EngineError::Internal(format!(
                 "placing a stub in the cgroups of {id}: {attached:?}"
@@ -131,6 +160,7 @@ impl Engine {
         if let Err(e) = mayfly_sys::cgroup::remove(&s.cgroup) {
             tracing::warn!(id = %s.id, error = %e, "removing an unused stub's cgroups failed");
         }
+        let _ = std::fs::remove_dir_all(self.inner.cfg.sandboxes_dir().join(s.id.as_str()));
         self.forget_stub(&s.id);
     }
 

@@ -117,7 +117,10 @@ pub fn before_pivot(root: &Path, limits: &ResolvedLimits) -> Vec<MountOp> {
         // host's proc is still fully visible in this namespace satisfies the
         // kernel's "not more revealing" rule.
         MountOp::Proc { path: at("proc") },
-        MountOp::Sysfs { path: at("sys") },
+        // No sysfs: the network namespace belongs to the host's user
+        // namespace (made ahead of time by the stub), and sysfs may only be
+        // mounted by its owner. `/sys` stays an empty directory, which the
+        // OCI runtime spec allows and which hides the host's devices.
         // /dev is a small tmpfs holding only what is listed below; no host
         // device is reachable except the harmless ones bound in.
         MountOp::Tmpfs {

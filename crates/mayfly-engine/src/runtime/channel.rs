@@ -28,8 +28,8 @@ impl AsyncSeq {
     }
 
     pub async fn recv(&self) -> Result<(Vec<u8>, Vec<OwnedFd>), RuntimeError> {
-        let mut buf = Vec::new();
         loop {
+            let mut buf = Vec::new();
             let mut guard = self.fd.readable().await.map_err(|e| RuntimeError::Io {
                 op: "waiting for a message",
                 source: e,

@@ -2,9 +2,9 @@
 //!
 //! Order matters: session and stdio first; then limits and the capability
 //! bounding set (which needs CAP_SETPCAP, so before the uid change); then the
-//! uid change, the working directory, `no_new_privs`, and the seccomp
-//! allowlist last, right before `execve`, so that nothing Mayfly itself does
-//! needs a syscall the filter denies.
+//! uid change, the working directory and `no_new_privs`, right before
+//! `execve`. The seccomp allowlist is already in force: init installed it on
+//! itself before reporting ready, and it is inherited across fork and exec.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -13,21 +13,17 @@ use mayfly_sys::{hardening, ipc, process, supervise};
 
 use super::init::resolve_program;
 use super::proto::{SpawnCommand, SpawnPlan};
-use crate::plan::{hardening as hplan, seccomp};
+use crate::plan::hardening as hplan;
 
 /// What every exec of one sandbox shares, computed once when init starts.
 pub struct ExecSetup {
     rlimits: Vec<(i32, u64, u64)>,
-    filter: Option<seccomp::Filter>,
 }
 
 impl ExecSetup {
     pub fn new(plan: &SpawnPlan) -> Self {
         ExecSetup {
             rlimits: plan.rlimits.clone(),
-            // A filter that cannot be built makes every exec fail (closed),
-            // never run unfiltered.
-            filter: seccomp::default_filter().ok(),
         }
     }
 }
@@ -39,9 +35,6 @@ pub fn exec_command(
     cmd: &SpawnCommand,
     fds: &[OwnedFd],
 ) -> Result<i32, (i32, String)> {
-    let Some(filter) = setup.filter.as_ref() else {
-        return Err((libc::EPERM, "seccomp filter unavailable".into()));
-    };
     let path_var = cmd
         .env
         .iter()
@@ -109,9 +102,6 @@ pub fn exec_command(
                 envp: envp.clone(),
             };
             let images: Vec<_> = candidates.into_iter().map(image).collect();
-            if hardening::install_seccomp(filter).is_err() {
-                stage(-7);
-            }
             let mut errno = libc::ENOENT;
             for img in &images {
                 errno = supervise::execve(img);

@@ -11,7 +11,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
-use mayfly_sys::{ipc, mount, net, process, supervise};
+use mayfly_sys::{ipc, mount, process, supervise};
 
 use super::apply::apply_mount_op;
 use super::exec_child::{exec_command, ExecSetup};
@@ -23,6 +23,15 @@ pub fn run(plan: &SpawnPlan, ctl: OwnedFd, setup: OwnedFd) -> ! {
         Ok(()) => {
             drop(setup);
             process::close_fds_except(3, &[ctl.as_raw_fd()]);
+            // The seccomp allowlist goes on init itself, last: every command
+            // inherits it through fork and execve, so no exec pays for
+            // loading a 1,500-instruction filter, and init (which the
+            // sandbox's processes could otherwise try to subvert) is bound
+            // by it too. No filter, no sandbox: setup fails closed.
+            if let Err(message) = install_filter() {
+                send(&ctl, &InitEvent::SetupFailed { message });
+                process::exit_now(1);
+            }
             send(&ctl, &InitEvent::Ready);
             serve(plan, ctl)
         }
@@ -31,6 +40,11 @@ pub fn run(plan: &SpawnPlan, ctl: OwnedFd, setup: OwnedFd) -> ! {
             process::exit_now(1)
         }
     }
+}
+
+fn install_filter() -> Result<(), String> {
+    let filter = crate::plan::seccomp::default_filter().map_err(|e| super::chain(&e))?;
+    mayfly_sys::hardening::install_seccomp(&filter).map_err(|e| super::chain(&e))
 }
 
 fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {
@@ -70,8 +84,6 @@ fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {
     for op in &plan.after_pivot {
         apply_mount_op(op).map_err(|e| super::chain(&e))?;
     }
-    process::set_hostname(&plan.id).map_err(|e| super::chain(&e))?;
-    net::loopback_up().map_err(|e| super::chain(&e))?;
     // Same-uid processes in the sandbox must not ptrace init or read its fds.
     process::set_non_dumpable().map_err(|e| super::chain(&e))?;
     Ok(())

@@ -37,7 +37,9 @@ pub struct SpawnPlan {
 /// Daemon → zygote.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ZygoteRequest {
-    ForkStub,
+    /// Fork a stub for the future sandbox `id` (its hostname). The stub
+    /// moves itself into the cgroups whose `tasks` files are listed (v1).
+    ForkStub { id: String, join: Vec<PathBuf> },
 }
 
 /// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and
@@ -52,8 +54,14 @@ pub enum ZygoteReply {
 /// descriptors: init's pidfd and the daemon's end of init's control socket.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum StubReply {
-    Spawned { pid: i32 },
-    Failed { message: String },
+    /// The stub has made the sandbox's network, UTS and IPC namespaces.
+    Prepared,
+    Spawned {
+        pid: i32,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 /// Daemon → init.

@@ -39,6 +39,16 @@ impl StubHandle {
         })
     }
 
+    /// Waits for the stub to report its namespaces made.
+    pub(super) async fn wait_prepared(&self) -> Result<(), RuntimeError> {
+        let (data, _) = self.chan.recv().await?;
+        match serde_json::from_slice::<StubReply>(&data) {
+            Ok(StubReply::Prepared) => Ok(()),
+            Ok(StubReply::Failed { message }) => Err(RuntimeError::Setup(message)),
+            _ => Err(RuntimeError::Protocol("expected Prepared".into())),
+        }
+    }
+
     /// Has the stub clone and set up the sandbox's init.
     pub async fn spawn(&self, plan: &SpawnPlan) -> Result<Spawned, RuntimeError> {
         let req = serde_json::to_vec(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
@@ -61,9 +71,10 @@ impl StubHandle {
     }
 }
 
-/// The stub's life: wait for one plan, clone init, then wait for init to
-/// end and exit. Never returns.
-pub(super) fn stub_main(sock: OwnedFd, zygote: i32) -> ! {
+/// The stub's life: make the sandbox's network, UTS and IPC namespaces,
+/// wait for one plan, clone init, then wait for init to end and exit.
+/// Never returns.
+pub(super) fn stub_main(sock: OwnedFd, zygote: i32, id: &str, join: &[std::path::PathBuf]) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
         || std::os::unix::process::parent_id() as i32 != zygote
     {
@@ -72,6 +83,19 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32) -> ! {
     process::wipe_cmdline_and_environ("mayfly-stub");
     // The zygote ignores SIGCHLD; this process must reap its init itself.
     process::reset_signals();
+    // Made now, while nobody waits: a network namespace costs about a
+    // millisecond. They belong to the host's user namespace, so the
+    // sandbox's root cannot reconfigure them (no new interfaces, routes or
+    // hostname from inside), and Mayfly can configure them from outside.
+    let prepared = match join_cgroups(join).and_then(|()| prepare_namespaces(id)) {
+        Ok(()) => StubReply::Prepared,
+        Err(message) => StubReply::Failed { message },
+    };
+    let failed = matches!(prepared, StubReply::Failed { .. });
+    let sent = serde_json::to_vec(&prepared).map(|m| ipc::send(sock.as_fd(), &m, &[]));
+    if failed || !matches!(sent, Ok(Ok(()))) {
+        process::exit_now(1);
+    }
     let mut buf = Vec::new();
     if ipc::recv(sock.as_fd(), &mut buf, false).is_err() {
         process::exit_now(0);
@@ -98,6 +122,25 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32) -> ! {
             process::exit_now(1)
         }
     }
+}
+
+/// Moves this (single-threaded) process into v1 cgroups by writing `0` to
+/// each `tasks` file. Migrating only the calling thread skips the global
+/// threadgroup lock that a `cgroup.procs` write takes, whose RCU sync stalls
+/// every fork on the host for a grace period.
+fn join_cgroups(tasks: &[std::path::PathBuf]) -> Result<(), String> {
+    for t in tasks {
+        std::fs::write(t, "0").map_err(|e| format!("joining {}: {e}", t.display()))?;
+    }
+    Ok(())
+}
+
+fn prepare_namespaces(id: &str) -> Result<(), String> {
+    let s = |e: &dyn std::error::Error| super::chain(e);
+    process::unshare(process::STUB_NAMESPACES).map_err(|e| s(&e))?;
+    process::set_hostname(id).map_err(|e| s(&e))?;
+    mayfly_sys::net::loopback_up().map_err(|e| s(&e))?;
+    Ok(())
 }
 
 fn spawn_init(plan: &SpawnPlan) -> Result<(i32, OwnedFd, OwnedFd), String> {

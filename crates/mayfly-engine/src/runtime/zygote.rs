@@ -48,8 +48,13 @@ impl Zygote {
         }
     }
 
-    /// Asks the zygote for a new stub.
-    pub async fn fork_stub(&self) -> Result<StubHandle, RuntimeError> {
+    /// Asks the zygote for a new stub for the future sandbox `id`, and waits
+    /// until the stub has prepared its namespaces.
+    pub async fn fork_stub(
+        &self,
+        id: &str,
+        join: &[std::path::PathBuf],
+    ) -> Result<StubHandle, RuntimeError> {
         let mut guard = self.chan.lock().await;
         if guard.is_none() {
             // The async wrapper is made lazily, inside the runtime.
@@ -62,15 +67,21 @@ impl Zygote {
             *guard = Some(AsyncSeq::new(sock)?);
         }
         let chan = guard.as_ref().ok_or(RuntimeError::ZygoteGone)?;
-        let req = serde_json::to_vec(&ZygoteRequest::ForkStub)
-            .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        let req = serde_json::to_vec(&ZygoteRequest::ForkStub {
+            id: id.to_owned(),
+            join: join.to_vec(),
+        })
+        .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         chan.send(&req, &[])?;
         let (data, mut fds) = chan.recv().await?;
         match serde_json::from_slice::<ZygoteReply>(&data) {
             Ok(ZygoteReply::Forked { pid }) if fds.len() == 2 => {
                 let sock = fds.pop().ok_or(RuntimeError::ZygoteGone)?;
                 let pidfd = fds.pop().ok_or(RuntimeError::ZygoteGone)?;
-                StubHandle::new(pid, pidfd, sock)
+                drop(guard);
+                let stub = StubHandle::new(pid, pidfd, sock)?;
+                stub.wait_prepared().await?;
+                Ok(stub)
             }
             Ok(ZygoteReply::Failed { message }) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
@@ -85,7 +96,11 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
         process::exit_now(1);
     }
     process::wipe_cmdline_and_environ("mayfly-zygote");
-    // Stubs are reaped by the kernel; the daemon watches them via pidfds.
+    // Stubs, and inits orphaned when their stub dies first, are reaped by
+    // the kernel at once (SIGCHLD ignored, and this process is their
+    // subreaper rather than the host's pid 1); the daemon watches them
+    // through pidfds.
+    let _ = process::set_child_subreaper();
     process::ignore_children();
     let mut buf = Vec::new();
     loop {
@@ -93,7 +108,7 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
             process::exit_now(0);
         }
         let reply = match serde_json::from_slice::<ZygoteRequest>(&buf) {
-            Ok(ZygoteRequest::ForkStub) => fork_stub(),
+            Ok(ZygoteRequest::ForkStub { id, join }) => fork_stub(&id, &join),
             Err(e) => Err(format!("bad request: {e}")),
         };
         let sent = match reply {
@@ -108,7 +123,7 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
     }
 }
 
-fn fork_stub() -> Result<(i32, OwnedFd, OwnedFd), String> {
+fn fork_stub(id: &str, join: &[std::path::PathBuf]) -> Result<(i32, OwnedFd, OwnedFd), String> {
     let (ours, theirs) = ipc::seqpacket_pair().map_err(|e| super::chain(&e))?;
     let me = std::process::id() as i32;
     // SAFETY: the zygote is single-threaded. Namespace flags 0: a plain fork
@@ -116,7 +131,7 @@ fn fork_stub() -> Result<(i32, OwnedFd, OwnedFd), String> {
     match unsafe { process::clone_into_namespaces(0) }.map_err(|e| super::chain(&e))? {
         (process::Forked::Child, _) => {
             drop(ours);
-            stub_main(theirs, me)
+            stub_main(theirs, me, id, join)
         }
         (process::Forked::Parent { pid }, Some(pidfd)) => Ok((pid, pidfd, ours)),
         (process::Forked::Parent { .. }, None) => Err("clone returned no pidfd".into()),
