@@ -237,6 +237,7 @@ impl Engine {
             Err(e) => {
                 stub.kill();
                 self.cleanup_failed(&id, &cgroup, &dir).await;
+                self.refill_stubs();
                 let _ = inner
                     .store
                     .transition(&id, SandboxState::Failed, Some(&e.to_string()));
@@ -283,6 +284,7 @@ impl Engine {
             &serde_json::json!({"create_ms": create_ms, "caller": caller.0, "template": template.to_string()}),
         )?;
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
+        self.refill_stubs();
         self.info(&id)
     }
 

@@ -102,7 +102,9 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop_front();
-        self.refill_stubs();
+        // The pool is topped up once this create is done (see create.rs),
+        // so refilling does not compete with it for the CPU and the kernel's
+        // locks.
         match pooled {
             Some(s) => Ok(s),
             None => self.make_stub().await,

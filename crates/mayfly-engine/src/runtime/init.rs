@@ -43,8 +43,8 @@ pub fn run(plan: &SpawnPlan, ctl: OwnedFd, setup: OwnedFd) -> ! {
 }
 
 fn install_filter() -> Result<(), String> {
-    let filter = crate::plan::seccomp::default_filter().map_err(|e| super::chain(&e))?;
-    mayfly_sys::hardening::install_seccomp(&filter).map_err(|e| super::chain(&e))
+    let filter = super::compiled_filter()?;
+    mayfly_sys::hardening::install_seccomp(filter).map_err(|e| super::chain(&e))
 }
 
 fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {

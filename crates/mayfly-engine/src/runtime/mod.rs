@@ -44,3 +44,16 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+static FILTER: std::sync::OnceLock<Result<crate::plan::seccomp::Filter, String>> =
+    std::sync::OnceLock::new();
+
+/// The seccomp allowlist, compiled once (from its JSON policy, about a
+/// millisecond) in the daemon before the zygote is forked; the zygote, the
+/// stubs and every init inherit the compiled program by fork.
+pub fn compiled_filter() -> Result<&'static crate::plan::seccomp::Filter, String> {
+    FILTER
+        .get_or_init(|| crate::plan::seccomp::default_filter().map_err(|e| chain(&e)))
+        .as_ref()
+        .map_err(Clone::clone)
+}

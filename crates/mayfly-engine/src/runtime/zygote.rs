@@ -29,6 +29,8 @@ impl Zygote {
     /// Call this before any other thread exists (before the tokio runtime
     /// is built): the zygote inherits a copy of the calling thread only.
     pub fn start() -> Result<Zygote, RuntimeError> {
+        // Compiled here, before the fork, so every init inherits it.
+        super::compiled_filter().map_err(RuntimeError::Setup)?;
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.
