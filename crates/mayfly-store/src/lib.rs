@@ -124,6 +124,15 @@ impl Store {
             .map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", true)
             .map_err(open_err)?;
+        // No checkpoint (and its fsyncs) when the connection closes: a
+        // one-shot `mayfly run` would otherwise pay for it on every exit.
+        // SQLite's automatic checkpoints still bound the WAL, and a later
+        // open replays it.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(open_err)?;
         migrate::migrate(&mut conn, &path)?;
         Ok(Store {
             conn: Mutex::new(conn),

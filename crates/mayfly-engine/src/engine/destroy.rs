@@ -63,6 +63,9 @@ impl Engine {
         }
         // The stub exits by itself once init is gone; this only hurries it.
         sb.stub.kill();
+        // With init gone, the directories (their mounts died with its mount
+        // namespace) and the cgroups can go at the same time.
+        self.discard_dir(&sb.dir);
         let cgroup = sb.cgroup.clone();
         let removed =
             tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
@@ -70,7 +73,6 @@ impl Engine {
         if !cgroup_ok {
             tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
         }
-        self.discard_dir(&sb.dir);
         self.inner
             .sandboxes
             .write()
