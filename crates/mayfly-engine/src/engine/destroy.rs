@@ -63,12 +63,18 @@ impl Engine {
         }
         // The stub exits by itself once init is gone; this only hurries it.
         sb.stub.kill();
-        // With init gone, the directories (their mounts died with its mount
-        // namespace) and the cgroups can go at the same time.
-        self.discard_dir(&sb.dir);
+        // Files first, then cgroups. The overlay is `volatile`, so what the
+        // sandbox wrote is still dirty in the page cache and charged to its
+        // memory cgroup; deleting the files drops those pages without
+        // writeback, so reclaiming the cgroup's charges before rmdir does
+        // not stall behind the disk.
+        let doomed = self.move_to_trash(&sb.dir);
         let cgroup = sb.cgroup.clone();
-        let removed =
-            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
+        let removed = tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_dir_all(&doomed);
+            mayfly_sys::cgroup::remove(&cgroup)
+        })
+        .await;
         let cgroup_ok = matches!(removed, Ok(Ok(())));
         if !cgroup_ok {
             tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
@@ -97,24 +103,20 @@ impl Engine {
         self.info(&sb.id)
     }
 
-    /// Moves a sandbox directory aside at once and deletes it in the
-    /// background, so destroy does not wait on a large upper layer.
-    pub(crate) fn discard_dir(&self, dir: &Path) {
+    /// Moves a sandbox directory into the trash (so a crash mid-removal
+    /// leaves it where recovery empties it) and returns where it now is.
+    /// Deleting it with `remove_dir_all` never follows symlinks, so an upper
+    /// layer full of links planted by the sandbox cannot redirect it.
+    fn move_to_trash(&self, dir: &Path) -> std::path::PathBuf {
         let trash = self.inner.cfg.trash_dir();
         let _ = std::fs::create_dir_all(&trash);
         let name = dir.file_name().map(|n| n.to_owned()).unwrap_or_default();
         let target = trash.join(name);
-        let doomed = if std::fs::rename(dir, &target).is_ok() {
+        if std::fs::rename(dir, &target).is_ok() {
             target
         } else {
             dir.to_path_buf()
-        };
-        // remove_dir_all never follows symlinks, so an upper layer full of
-        // links planted by the sandbox cannot redirect it.
-        let task = tokio::task::spawn_blocking(move || {
-            let _ = std::fs::remove_dir_all(&doomed);
-        });
-        self.track_cleanup(task);
+        }
     }
 
     /// Remembers a background cleanup so [`Engine::wait_cleanup`] can await it.
@@ -150,10 +152,14 @@ impl Engine {
 
     pub(crate) async fn cleanup_failed(&self, id: &SandboxId, cgroup: &CgroupPlan, dir: &Path) {
         let cgroup = cgroup.clone();
-        let _ = tokio::task::spawn_blocking(move || mayfly_sys::cgroup::remove(&cgroup)).await;
-        if dir.exists() {
-            self.discard_dir(dir);
-        }
+        let doomed = dir.exists().then(|| self.move_to_trash(dir));
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(d) = doomed {
+                let _ = std::fs::remove_dir_all(&d);
+            }
+            mayfly_sys::cgroup::remove(&cgroup)
+        })
+        .await;
         tracing::debug!(%id, "cleaned up after a failed create");
     }
 
