@@ -142,6 +142,7 @@ impl Engine {
                     .unwrap_or_else(|p| p.into_inner()),
             );
             if tasks.is_empty() {
+                mayfly_sys::cgroup::remove_empty_parents(&self.inner.layout);
                 return;
             }
             for t in tasks {

@@ -123,20 +123,29 @@ impl Engine {
             }
             pool.inflight.fetch_add(1, Ordering::SeqCst);
             let engine = self.clone();
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let made = engine.make_stub().await;
                 let pool = &engine.inner.stubs;
                 match made {
-                    Ok(s) if !engine.inner.shutting_down.load(Ordering::SeqCst) => pool
-                        .ready
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push_back(s),
-                    Ok(s) => engine.discard_stub(s),
+                    Ok(s) => {
+                        // The flag is checked under the pool's lock, which
+                        // drain_stubs takes after setting it: a stub is either
+                        // drained or discarded here, never stranded.
+                        let mut ready = pool.ready.lock().unwrap_or_else(|p| p.into_inner());
+                        if engine.inner.shutting_down.load(Ordering::SeqCst) {
+                            drop(ready);
+                            engine.discard_stub(s);
+                        } else {
+                            ready.push_back(s);
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "refilling the stub pool failed"),
                 }
                 pool.inflight.fetch_sub(1, Ordering::SeqCst);
             });
+            // Shutdown waits for refills in flight, so none is cut off
+            // halfway with cgroups made and nobody to remove them.
+            self.track_cleanup(task);
         }
     }
 

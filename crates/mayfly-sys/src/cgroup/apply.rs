@@ -18,7 +18,15 @@ pub fn apply(plan: &CgroupPlan) -> Result<(), CgroupError> {
     let result = plan
         .sandbox_dirs
         .iter()
-        .try_for_each(|dir| mkdir(dir))
+        .try_for_each(|dir| match mkdir(dir) {
+            // Another instance removed the (then empty) shared parent
+            // between our two mkdirs: make it again, once.
+            Err(CgroupError::Mkdir { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                plan.shared_dirs.iter().try_for_each(|p| mkdir(p))?;
+                mkdir(dir)
+            }
+            r => r,
+        })
         .and_then(|()| {
             plan.writes
                 .iter()

@@ -49,6 +49,21 @@ pub fn remove_dir(dir: &Path) -> Result<(), CgroupError> {
     remove_tree(dir)
 }
 
+/// Removes the shared `mayfly` parent directories that are empty, so an
+/// idle host keeps no trace of Mayfly in its cgroup trees. A parent still
+/// holding sandboxes (`EBUSY`/`ENOTEMPTY`) is left alone.
+pub fn remove_empty_parents(layout: &CgroupLayout) {
+    let roots: BTreeSet<&Path> = match layout {
+        CgroupLayout::V2 { root } => BTreeSet::from([root.as_path()]),
+        CgroupLayout::V1 { controllers, .. } => {
+            controllers.values().map(PathBuf::as_path).collect()
+        }
+    };
+    for root in roots {
+        let _ = std::fs::remove_dir(root.join(PARENT_DIR));
+    }
+}
+
 /// Every `mayfly/mf-*` directory of the layout's hierarchies, sorted.
 pub fn list_leftovers(layout: &CgroupLayout) -> Result<Vec<PathBuf>, CgroupError> {
     let roots: BTreeSet<&Path> = match layout {
