@@ -433,6 +433,7 @@ mod tests {
             sys::remove(&p).unwrap();
             remove_t.push(t.elapsed());
         }
+        sys::remove_empty_parents(&layout);
         println!(
             "cgroup {:?} apply p50 {:?} p95 {:?}; remove p50 {:?} p95 {:?}",
             p.version,

@@ -117,6 +117,8 @@ fn host_cgroup_holds_a_child_reports_usage_and_is_removed_with_it() {
         .unwrap()
         .iter()
         .any(|p| p.ends_with(&id)));
+    // Leave no empty `mayfly` parents behind either.
+    remove_empty_parents(&CgroupLayout::discover().unwrap());
 }
 
 #[test]
@@ -142,6 +144,8 @@ fn host_remove_kills_every_task_including_forked_grandchildren() {
     remove(&plan).unwrap();
     child.wait().unwrap();
     assert_gone(&plan);
+    // Leave no empty `mayfly` parents behind either.
+    remove_empty_parents(&CgroupLayout::discover().unwrap());
 }
 
 #[test]
@@ -166,4 +170,6 @@ fn host_leftover_is_found_and_removed_by_path() {
     }
     child.wait().unwrap();
     assert_gone(&plan);
+    // Leave no empty `mayfly` parents behind either.
+    remove_empty_parents(&CgroupLayout::discover().unwrap());
 }
