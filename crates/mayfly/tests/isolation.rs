@@ -448,3 +448,29 @@ async fn writes_are_invisible_to_other_sandboxes_and_gone_after_destroy() {
         "a new sandbox sees a destroyed one's file"
     );
 }
+
+#[tokio::test]
+async fn commands_run_under_the_seccomp_allowlist_with_reduced_capabilities() {
+    let d = Daemon::start().await;
+    let sb = d.create().await;
+    let status = d
+        .sh(
+            &sb.id,
+            "grep -E '^(Seccomp|NoNewPrivs|CapBnd):' /proc/self/status",
+        )
+        .await;
+    assert!(status.contains("Seccomp:\t2"), "not filtered: {status}");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    // Docker's default set: CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID
+    // SETUID SETPCAP NET_BIND_SERVICE NET_RAW SYS_CHROOT MKNOD AUDIT_WRITE
+    // SETFCAP.
+    assert!(status.contains("CapBnd:\t00000000a80425fb"), "{status}");
+    // The allowlist denies new namespaces even to root inside.
+    let r = d.exec(&sb.id, &["unshare", "-U", "true"]).await;
+    assert_ne!(r.status.exit_code, Some(0), "unshare -U succeeded inside");
+    // init, pid 1, is bound by the same filter.
+    let init = d.sh(&sb.id, "grep '^Seccomp:' /proc/1/status").await;
+    assert!(init.contains("Seccomp:\t2"), "init not filtered: {init}");
+    d.client.destroy(&sb.id).await.expect("destroy");
+    assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
+}

@@ -23,16 +23,19 @@ pub fn run(plan: &SpawnPlan, ctl: OwnedFd, setup: OwnedFd) -> ! {
         Ok(()) => {
             drop(setup);
             process::close_fds_except(3, &[ctl.as_raw_fd()]);
-            // The seccomp allowlist goes on init itself, last: every command
+            send(&ctl, &InitEvent::Ready);
+            // The seccomp allowlist goes on init itself: every command
             // inherits it through fork and execve, so no exec pays for
             // loading a 1,500-instruction filter, and init (which the
             // sandbox's processes could otherwise try to subvert) is bound
-            // by it too. No filter, no sandbox: setup fails closed.
-            if let Err(message) = install_filter() {
-                send(&ctl, &InitEvent::SetupFailed { message });
+            // by it too. It is installed after `Ready` is sent, to keep its
+            // cost off the create's critical path, but before the first
+            // request is read: no command can ever start unfiltered. If it
+            // cannot be installed, init exits, and the sandbox dies with it
+            // (fail closed).
+            if install_filter().is_err() {
                 process::exit_now(1);
             }
-            send(&ctl, &InitEvent::Ready);
             serve(plan, ctl)
         }
         Err(message) => {
