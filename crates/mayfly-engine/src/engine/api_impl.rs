@@ -60,22 +60,9 @@ impl Engine {
         sink: Sink,
         caller: &Caller,
     ) -> Result<impl std::future::Future<Output = ExecResult> + Send + 'static, EngineError> {
-        let spec = CommandSpec {
-            argv: req.argv,
-            env: req.env,
-            cwd: req.cwd,
-            uid: req.uid,
-            gid: req.gid,
-        };
-        spec.validate()?;
+        let spec = CommandSpec::new(req.argv, req.env, req.cwd, req.uid, req.gid)?;
         let limit = check_limits(req.timeout_ms, req.output_limit)?;
-        let started = match self.start_command(sb, &spec).await {
-            Ok(s) => s,
-            Err(e) => {
-                self.audit_exec(sb, &spec.argv, Err(&e), caller);
-                return Err(e);
-            }
-        };
+        let started = self.start_command(sb, &spec, caller).await?;
         let engine = self.clone();
         let sb = sb.clone();
         let caller = caller.clone();

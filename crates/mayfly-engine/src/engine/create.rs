@@ -302,7 +302,6 @@ impl Engine {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        let t = Instant::now();
         make_dirs(dir, plan.uppers.len())
             .and_then(|()| own_uppers(&plan.uppers, plan.uid_base))
             .map_err(|e| internal("creating directories", &e))?;
@@ -311,7 +310,6 @@ impl Engine {
         if limits != &self.inner.cfg.default_limits {
             mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
         }
-        let t_host = t.elapsed();
         let spawned = stub
             .spawn(plan)
             .await
@@ -319,9 +317,7 @@ impl Engine {
         let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)
             .map_err(|e| internal("watching init", &e))?;
         let conn = InitConn::new(spawned.ctl).map_err(|e| internal("connecting to init", &e))?;
-        let t_spawned = t.elapsed();
         let ready = tokio::time::timeout(self.inner.cfg.setup_timeout, conn.wait_ready()).await;
-        tracing::debug!(%id, host = ?t_host, spawned = ?t_spawned, ready = ?t.elapsed(), "bring-up timings");
         let failure = match ready {
             Ok(Ok(())) => return Ok((spawned.pid, pidfd, conn)),
             Ok(Err(e)) => internal("setting up", &e),

@@ -36,7 +36,26 @@ pub(crate) struct CommandSpec {
 }
 
 impl CommandSpec {
-    pub fn validate(&self) -> Result<(), EngineError> {
+    /// The command part of an exec or background-process request, checked.
+    pub fn new(
+        argv: Vec<String>,
+        env: std::collections::BTreeMap<String, String>,
+        cwd: Option<String>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<Self, EngineError> {
+        let spec = CommandSpec {
+            argv,
+            env,
+            cwd,
+            uid,
+            gid,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    fn validate(&self) -> Result<(), EngineError> {
         if self.argv.is_empty() || self.argv[0].is_empty() {
             return Err(EngineError::Invalid("argv must name a program".into()));
         }
@@ -129,7 +148,22 @@ pub(crate) struct Collected {
 }
 
 impl Engine {
+    /// Starts a command through init. A command that cannot be started is
+    /// recorded in the audit trail here, so every caller audits it alike.
     pub(crate) async fn start_command(
+        &self,
+        sb: &Arc<Sandbox>,
+        spec: &CommandSpec,
+        caller: &Caller,
+    ) -> Result<Started, EngineError> {
+        let started = self.spawn_command(sb, spec).await;
+        if let Err(e) = &started {
+            self.audit_exec(sb, &spec.argv, Err(e), caller);
+        }
+        started
+    }
+
+    async fn spawn_command(
         &self,
         sb: &Arc<Sandbox>,
         spec: &CommandSpec,

@@ -53,14 +53,7 @@ impl Engine {
         caller: &Caller,
     ) -> Result<ProcessInfo, EngineError> {
         let sb = self.lookup(id)?;
-        let spec = CommandSpec {
-            argv: req.argv,
-            env: req.env,
-            cwd: req.cwd,
-            uid: req.uid,
-            gid: req.gid,
-        };
-        spec.validate()?;
+        let spec = CommandSpec::new(req.argv, req.env, req.cwd, req.uid, req.gid)?;
         let limit = check_limits(None, req.output_limit)?;
         {
             let mut procs = sb.procs.lock().unwrap_or_else(|p| p.into_inner());
@@ -74,13 +67,7 @@ impl Engine {
                 }
             }
         }
-        let started = match self.start_command(&sb, &spec).await {
-            Ok(s) => s,
-            Err(e) => {
-                self.audit_exec(&sb, &spec.argv, Err(&e), caller);
-                return Err(e);
-            }
-        };
+        let started = self.start_command(&sb, &spec, caller).await?;
         let out = [
             Arc::new(Mutex::new(Collected::default())),
             Arc::new(Mutex::new(Collected::default())),
