@@ -82,13 +82,9 @@ impl Store {
         kind: &str,
         detail: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        let detail = detail.to_string();
         let now = self.now();
         let conn = self.conn();
-        conn.prepare_cached(
-            "INSERT INTO events (at, sandbox_id, kind, detail) VALUES (?1, ?2, ?3, ?4)",
-        )?
-        .execute(params![now, sandbox.map(SandboxId::as_str), kind, detail])?;
+        insert_event(&conn, now, sandbox, kind, detail)?;
         Ok(conn.last_insert_rowid())
     }
 
@@ -114,4 +110,24 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Appends an event on `conn` (a connection or an open transaction).
+pub(crate) fn insert_event(
+    conn: &rusqlite::Connection,
+    at: mayfly_types::UnixMillis,
+    sandbox: Option<&SandboxId>,
+    kind: &str,
+    detail: &serde_json::Value,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO events (at, sandbox_id, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![
+        at,
+        sandbox.map(SandboxId::as_str),
+        kind,
+        detail.to_string()
+    ])?;
+    Ok(())
 }

@@ -33,6 +33,9 @@ pub const DB_FILE: &str = "mayfly.db";
 /// How long a write waits for another process's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// WAL pages after which a commit checkpoints (SQLite's default is 1000).
+const WAL_AUTOCHECKPOINT_PAGES: u32 = 256;
+
 /// The source of "now", in milliseconds since the epoch.
 type Clock = Arc<dyn Fn() -> UnixMillis + Send + Sync>;
 
@@ -133,6 +136,13 @@ impl Store {
             true,
         )
         .map_err(open_err)?;
+        // A connection that opens the database alone rebuilds the WAL index
+        // by reading the whole WAL, so a one-shot `mayfly run` pays for every
+        // frame left since the last checkpoint. A smaller bound than SQLite's
+        // 1000 pages keeps that read short; a checkpoint then writes only the
+        // few pages that changed.
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
+            .map_err(open_err)?;
         migrate::migrate(&mut conn, &path)?;
         Ok(Store {
             conn: Mutex::new(conn),

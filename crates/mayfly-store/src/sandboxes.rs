@@ -98,6 +98,17 @@ impl Store {
         to: SandboxState,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
+        self.transition_then(id, to, reason, |_, _| Ok(()))
+    }
+
+    /// A transition, then `more` inside the same transaction.
+    fn transition_then(
+        &self,
+        id: &SandboxId,
+        to: SandboxState,
+        reason: Option<&str>,
+        more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let now = self.now();
         let mut conn = self.conn();
         // Read and write under one write lock: two processes racing to move
@@ -130,8 +141,40 @@ impl Store {
         )?
         .execute(params![id.as_str(), to.as_str(), reason, ended_at])?;
         insert_transition(&tx, id, Some(from), to, now, reason)?;
+        more(&tx, now)?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Moves a sandbox to `to` (as [`Store::transition`] does) and appends
+    /// an event, in one transaction.
+    pub fn transition_with_event(
+        &self,
+        id: &SandboxId,
+        to: SandboxState,
+        reason: Option<&str>,
+        event: (&str, &serde_json::Value),
+    ) -> Result<(), StoreError> {
+        self.transition_then(id, to, reason, |tx, now| {
+            crate::audit::insert_event(tx, now, Some(id), event.0, event.1)
+        })
+    }
+
+    /// Moves a creating sandbox to `Ready`, records its init's host pid and
+    /// how long the create took, and appends a `ready` event, in one
+    /// transaction.
+    pub fn mark_ready(
+        &self,
+        id: &SandboxId,
+        init_pid: u32,
+        create_ms: f64,
+        detail: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.transition_then(id, SandboxState::Ready, None, |tx, now| {
+            tx.prepare_cached("UPDATE sandboxes SET init_pid = ?2, create_ms = ?3 WHERE id = ?1")?
+                .execute(params![id.as_str(), init_pid, create_ms])?;
+            crate::audit::insert_event(tx, now, Some(id), "ready", detail)
+        })
     }
 
     /// Records the init's host pid and how long the create took.

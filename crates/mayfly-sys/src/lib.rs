@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod fs;
 pub mod hardening;
+pub mod image;
 pub mod ipc;
 pub mod mount;
 pub mod net;

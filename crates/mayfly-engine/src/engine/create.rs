@@ -238,13 +238,14 @@ impl Engine {
                 stub.kill();
                 self.cleanup_failed(&id, &cgroup, &dir).await;
                 self.refill_stubs();
-                let _ = inner
-                    .store
-                    .transition(&id, SandboxState::Failed, Some(&e.to_string()));
-                let _ = inner.store.add_event(
-                    Some(&id),
-                    "failed",
-                    &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
+                let _ = inner.store.transition_with_event(
+                    &id,
+                    SandboxState::Failed,
+                    Some(&e.to_string()),
+                    (
+                        "failed",
+                        &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
+                    ),
                 );
                 return Err(e);
             }
@@ -276,11 +277,10 @@ impl Engine {
         });
         let t_up = t0.elapsed();
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        inner.store.transition(&id, SandboxState::Ready, None)?;
-        inner.store.set_ready_info(&id, pid as u32, create_ms)?;
-        inner.store.add_event(
-            Some(&id),
-            "ready",
+        inner.store.mark_ready(
+            &id,
+            pid as u32,
+            create_ms,
             &serde_json::json!({"create_ms": create_ms, "caller": caller.0, "template": template.to_string()}),
         )?;
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");

@@ -57,6 +57,7 @@ impl Engine {
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
         let store = &self.inner.store;
+        let t0 = std::time::Instant::now();
         let exited = tokio::time::timeout(Duration::from_secs(10), sb.pidfd.readable()).await;
         if exited.is_err() {
             tracing::error!(id = %sb.id, "init did not exit within 10 s of SIGKILL");
@@ -70,11 +71,13 @@ impl Engine {
         // not stall behind the disk.
         let doomed = self.move_to_trash(&sb.dir);
         let cgroup = sb.cgroup.clone();
+        let t_exit = t0.elapsed();
         let removed = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(&doomed);
             mayfly_sys::cgroup::remove(&cgroup)
         })
         .await;
+        tracing::debug!(id = %sb.id, exit = ?t_exit, removed = ?t0.elapsed(), "destroy timings");
         let cgroup_ok = matches!(removed, Ok(Ok(())));
         if !cgroup_ok {
             tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
@@ -92,11 +95,11 @@ impl Engine {
                 format!("{reason}; cgroup removal failed"),
             )
         };
-        store.transition(&sb.id, state, Some(&why))?;
-        store.add_event(
-            Some(&sb.id),
-            "destroyed",
-            &serde_json::json!({"reason": why}),
+        store.transition_with_event(
+            &sb.id,
+            state,
+            Some(&why),
+            ("destroyed", &serde_json::json!({"reason": why})),
         )?;
         sb.done.store(true, Ordering::SeqCst);
         sb.destroyed.notify_waiters();
@@ -142,7 +145,6 @@ impl Engine {
                     .unwrap_or_else(|p| p.into_inner()),
             );
             if tasks.is_empty() {
-                mayfly_sys::cgroup::remove_empty_parents(&self.inner.layout);
                 return;
             }
             for t in tasks {

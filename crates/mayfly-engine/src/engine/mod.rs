@@ -186,6 +186,11 @@ impl Engine {
         for t in tasks {
             let _ = t.await;
         }
+        self.wait_cleanup().await;
+        // The shared `mayfly` cgroup parents are kept between sandboxes (and
+        // between daemonless runs, which would otherwise make and remove
+        // them every time); a daemon leaving removes them if they are empty.
+        mayfly_sys::cgroup::remove_empty_parents(&self.inner.layout);
     }
 
     fn live(&self) -> Vec<Arc<Sandbox>> {

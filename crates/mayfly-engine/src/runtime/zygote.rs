@@ -31,6 +31,12 @@ impl Zygote {
     pub fn start() -> Result<Zygote, RuntimeError> {
         // Compiled here, before the fork, so every init inherits it.
         super::compiled_filter().map_err(RuntimeError::Setup)?;
+        // Stubs and inits run this binary's code inside sandbox cgroups;
+        // cached now, its pages are charged here and not to a sandbox (see
+        // `mayfly_sys::image`). Only an optimisation, so a failure is logged.
+        if let Err(e) = mayfly_sys::image::readahead_own_image() {
+            tracing::debug!(error = %e, "reading the executable ahead failed");
+        }
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.

@@ -239,3 +239,40 @@ fn event_seqs_are_never_reused_after_prune() {
     let next = store.add_event(None, "tick", &json!(null)).unwrap();
     assert!(next > last, "{next} <= {last}");
 }
+
+fn event_kinds(store: &Store) -> Vec<String> {
+    let events = store.events(0, 10).unwrap();
+    events.into_iter().map(|e| e.kind).collect()
+}
+
+#[test]
+fn mark_ready_records_pid_timing_transition_and_event_at_once() {
+    let (store, _clock) = clocked_store();
+    store.insert_sandbox(&record(id(7), 1), 8).unwrap();
+    store
+        .mark_ready(&id(7), 4321, 3.5, &json!({"caller": "t"}))
+        .unwrap();
+    let rec = store.get_sandbox(&id(7)).unwrap().unwrap();
+    assert_eq!(rec.state, SandboxState::Ready);
+    assert_eq!((rec.init_pid, rec.create_ms), (Some(4321), Some(3.5)));
+    assert_eq!(event_kinds(&store), ["ready"]);
+    // Not from a terminal state: nothing is written, not even the event.
+    store
+        .transition(&id(7), SandboxState::Stopping, None)
+        .unwrap();
+    store
+        .transition_with_event(
+            &id(7),
+            SandboxState::Destroyed,
+            Some("user"),
+            ("destroyed", &json!({})),
+        )
+        .unwrap();
+    let err = store.mark_ready(&id(7), 1, 1.0, &json!({})).unwrap_err();
+    assert!(matches!(err, StoreError::IllegalTransition { .. }), "{err}");
+    assert_eq!(event_kinds(&store), ["ready", "destroyed"]);
+    assert_eq!(
+        store.get_sandbox(&id(7)).unwrap().unwrap().init_pid,
+        Some(4321)
+    );
+}

@@ -223,3 +223,14 @@ fn removing_a_plan_whose_dirs_are_gone_succeeds() {
     let tmp = tempfile::tempdir().unwrap();
     remove(&v2_plan(tmp.path())).unwrap();
 }
+
+#[test]
+fn total_cache_is_read_from_a_v1_memory_stat() {
+    use super::remove::parse_total_cache;
+    let stat = "cache 4096\nrss 0\ntotal_cache 8192\ntotal_rss 0\n";
+    assert_eq!(parse_total_cache(stat), Some(8192));
+    assert_eq!(parse_total_cache("cache 0\ntotal_cache 0\n"), Some(0));
+    // `cache` alone is not the hierarchical total.
+    assert_eq!(parse_total_cache("cache 4096\n"), None);
+    assert_eq!(parse_total_cache("total_cache lots\n"), None);
+}
