@@ -65,6 +65,13 @@ pub enum StoreError {
     #[error("all {max} uid slots are held by live sandboxes")]
     SlotsExhausted { max: u32 },
 
+    #[error("leasing uid slot {slot}")]
+    Lease {
+        slot: u32,
+        #[source]
+        source: std::io::Error,
+    },
+
     #[error("the exec audit record names an invalid sandbox id")]
     InvalidId {
         #[source]

@@ -51,6 +51,19 @@ impl Store {
     /// lowest uid slot in `0..max_slots` that no live sandbox holds. Returns
     /// the slot; `rec.uid_slot` and `rec.state` are ignored.
     pub fn insert_sandbox(&self, rec: &SandboxRecord, max_slots: u32) -> Result<u32, StoreError> {
+        self.insert_sandbox_leasing(rec, max_slots, &mut |_| Ok(true))
+    }
+
+    /// As [`Store::insert_sandbox`], but a slot that no live record of this
+    /// store holds is taken only if `lease(slot)` also accepts it (it returns
+    /// false for a slot that someone outside this store holds, such as
+    /// another Mayfly instance on the host); the next free slot is tried.
+    pub fn insert_sandbox_leasing(
+        &self,
+        rec: &SandboxRecord,
+        max_slots: u32,
+        lease: &mut dyn FnMut(u32) -> std::io::Result<bool>,
+    ) -> Result<u32, StoreError> {
         let limits = serde_json::to_string(&rec.limits).map_err(json_bug)?;
         let labels = serde_json::to_string(&rec.labels).map_err(json_bug)?;
         let now = self.now();
@@ -64,7 +77,7 @@ impl Store {
         if exists {
             return Err(StoreError::AlreadyExists { id: rec.id.clone() });
         }
-        let slot = lowest_free_slot(&tx, max_slots)?;
+        let slot = lowest_free_slot(&tx, max_slots, lease)?;
         tx.prepare_cached(
             "INSERT INTO sandboxes (id, state, template, created_at, expires_at, limits, labels, \
              uid_slot, owner_pid, owner_start, init_pid, reason, create_ms) \
@@ -284,29 +297,37 @@ impl Store {
     }
 }
 
-/// The lowest slot below `max` that no live sandbox holds.
+/// The lowest slot below `max` that no live sandbox holds and `lease`
+/// accepts.
 ///
-/// Walks the held slots in order through the partial unique index and stops
-/// at the first gap, so the cost is the number of slots below that gap.
-fn lowest_free_slot(conn: &rusqlite::Connection, max: u32) -> Result<u32, StoreError> {
+/// Walks the held slots in order through the partial unique index, trying
+/// each gap in turn, so the cost is the number of slots below the one taken.
+fn lowest_free_slot(
+    conn: &rusqlite::Connection,
+    max: u32,
+    lease: &mut dyn FnMut(u32) -> std::io::Result<bool>,
+) -> Result<u32, StoreError> {
     let mut stmt = conn.prepare_cached(concat!(
         "SELECT uid_slot FROM sandboxes WHERE ",
         live!(),
         " ORDER BY uid_slot"
     ))?;
-    let mut rows = stmt.query([])?;
-    let mut candidate: i64 = 0;
-    while let Some(row) = rows.next()? {
-        let held: i64 = row.get(0)?;
-        if held > candidate {
-            break;
+    let mut held = stmt.query_map([], |r| r.get::<_, i64>(0))?;
+    let mut next_held = held.next().transpose()?;
+    for slot in 0..max {
+        while next_held.is_some_and(|h| h < i64::from(slot)) {
+            next_held = held.next().transpose()?;
         }
-        candidate = held + 1;
+        if next_held == Some(i64::from(slot)) {
+            continue;
+        }
+        match lease(slot) {
+            Ok(true) => return Ok(slot),
+            Ok(false) => {}
+            Err(source) => return Err(StoreError::Lease { slot, source }),
+        }
     }
-    match u32::try_from(candidate) {
-        Ok(slot) if slot < max => Ok(slot),
-        _ => Err(StoreError::SlotsExhausted { max }),
-    }
+    Err(StoreError::SlotsExhausted { max })
 }
 
 fn insert_transition(

@@ -7,7 +7,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::host::{self, oom_kills, procs_inside};
-use common::{assert_no_leaks, cmd, host_exists, text, unique, Daemon, SANDBOX_UID_START};
+use common::{
+    assert_no_leaks, cmd, expect_exit, host_exists, test_dir, text, unique, Daemon, BIN,
+    SANDBOX_UID_START,
+};
 use mayfly_types::{ExecRequest, Limits, StartProcessRequest};
 
 /// Numeric entries of a `/proc` listing.
@@ -219,6 +222,45 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
         a.uid_base,
         b.uid_base
     );
+}
+
+/// Two Mayfly instances with their own state directories (two daemons, or a
+/// daemon and a daemonless run) never hand out the same uid range: slots are
+/// leased host-wide, and a lease lives exactly as long as its sandbox.
+#[tokio::test]
+async fn uid_ranges_are_unique_across_instances_on_the_host() {
+    let (one, two) = (Daemon::start().await, Daemon::start().await);
+    let mut live = Vec::new();
+    for _ in 0..3 {
+        for d in [&one, &two] {
+            live.push((d, d.create().await));
+        }
+    }
+    let mut bases: Vec<u32> = live.iter().map(|(_, s)| s.uid_base).collect();
+    bases.sort_unstable();
+    bases.dedup();
+    let infos: Vec<_> = live.iter().map(|(_, s)| s).collect();
+    assert_eq!(bases.len(), live.len(), "uid ranges shared: {infos:#?}");
+    // A daemonless run on a third state directory, while all six live,
+    // runs as a uid outside all their ranges.
+    let state = test_dir();
+    let out = std::process::Command::new(BIN)
+        .args(["--state-dir"])
+        .arg(state.path())
+        .args(["--socket"])
+        .arg(state.path().join("none.sock"))
+        .args(["run", "--", "sh", "-c", "cat /proc/self/uid_map"])
+        .output()
+        .unwrap();
+    let map = expect_exit(&out, 0, "daemonless run");
+    let base: u32 = map.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        base >= SANDBOX_UID_START && !bases.contains(&base),
+        "the daemonless run got uid base {base}, already in {bases:?}"
+    );
+    for (d, sb) in &live {
+        d.client.destroy(&sb.id).await.unwrap();
+    }
 }
 
 #[tokio::test]

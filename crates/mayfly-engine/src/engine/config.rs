@@ -32,6 +32,9 @@ pub struct EngineConfig {
     /// Stubs kept forked and placed in fresh cgroups ahead of creates (0 for
     /// a one-shot `mayfly run`, which has nothing to prepare ahead for).
     pub stub_pool: usize,
+    /// Host-wide uid slot leases, shared by every Mayfly instance on the
+    /// host whatever its state directory (see `engine::leases`).
+    pub slot_lease_dir: PathBuf,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +49,7 @@ impl Default for EngineConfig {
             cgroup_layout: None,
             setup_timeout: Duration::from_secs(10),
             stub_pool: 4,
+            slot_lease_dir: PathBuf::from(super::leases::DEFAULT_LEASE_DIR),
         }
     }
 }

@@ -175,18 +175,22 @@ impl Engine {
         };
         let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
             .map_err(|e| EngineError::Internal(e.to_string()));
+        let mut lease = None;
         let slot = inner
             .store
-            .insert_sandbox(&rec, cfg.slots())
+            .insert_sandbox_leasing(&rec, cfg.slots(), &mut |slot| {
+                lease = super::leases::try_lease(&cfg.slot_lease_dir, slot)?;
+                Ok(lease.is_some())
+            })
             .map_err(|e| match e {
                 mayfly_store::StoreError::SlotsExhausted { max } => {
                     EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
                 }
                 e => e.into(),
             });
-        let (slot, cgroup) = match (slot, cgroup) {
-            (Ok(s), Ok(c)) => (s, c),
-            (slot, cgroup) => {
+        let (slot, cgroup, lease) = match (slot, cgroup, lease) {
+            (Ok(s), Ok(c), Some(l)) => (s, c, l),
+            (slot, cgroup, _) => {
                 self.discard_stub(ReadyStub {
                     id: id.clone(),
                     stub,
@@ -230,7 +234,7 @@ impl Engine {
 
         let t_plan = t0.elapsed();
         let (pid, pidfd, conn) = match self
-            .bring_up(&id, &stub, &cgroup, &dir, &spawn, &limits)
+            .bring_up(&id, &stub, &cgroup, &spawn, &limits, &lease)
             .await
         {
             Ok(x) => x,
@@ -261,6 +265,7 @@ impl Engine {
             cgroup,
             dir,
             env,
+            lease,
         ));
         inner
             .sandboxes
@@ -295,14 +300,15 @@ impl Engine {
         id: &SandboxId,
         stub: &StubHandle,
         cgroup: &mayfly_sys::cgroup::CgroupPlan,
-        dir: &Path,
         plan: &SpawnPlan,
         limits: &mayfly_types::ResolvedLimits,
+        lease: &std::fs::File,
     ) -> Result<(i32, AsyncFd<std::os::fd::OwnedFd>, Arc<InitConn>), EngineError> {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        make_dirs(dir, plan.uppers.len())
+        // The sandbox's directory is init's working directory.
+        make_dirs(&plan.workdir, plan.uppers.len())
             .and_then(|()| own_uppers(&plan.uppers, plan.uid_base))
             .map_err(|e| internal("creating directories", &e))?;
         // The stub's cgroups were made with the default limits; only other
@@ -311,7 +317,7 @@ impl Engine {
             mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
         }
         let spawned = stub
-            .spawn(plan)
+            .spawn(plan, lease.as_fd())
             .await
             .map_err(|e| internal("spawning init", &e))?;
         let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)

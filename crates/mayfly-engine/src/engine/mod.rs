@@ -6,6 +6,7 @@ mod config;
 mod create;
 mod destroy;
 mod exec;
+mod leases;
 mod processes;
 mod recovery;
 mod sandbox;
@@ -96,6 +97,9 @@ impl Engine {
         // A daemon holds the lock for its lifetime; a daemonless run only
         // looked whether a daemon is there.
         let lock = if cfg.stub_pool > 0 { lock } else { None };
+        leases::prepare(&cfg.slot_lease_dir).map_err(|e| {
+            EngineError::Internal(format!("preparing {}: {e}", cfg.slot_lease_dir.display()))
+        })?;
         let store = Store::open(&cfg.state_dir)?;
         let layout = match &cfg.cgroup_layout {
             Some(l) => l.clone(),

@@ -37,6 +37,9 @@ pub(crate) struct Sandbox {
     /// Fires when destroy has finished, for concurrent destroy calls.
     pub destroyed: Notify,
     pub done: AtomicBool,
+    /// The host-wide lease on the uid range, released when the sandbox is
+    /// dropped (the stub holds a copy while it lives).
+    _lease: std::fs::File,
 }
 
 impl Sandbox {
@@ -52,6 +55,7 @@ impl Sandbox {
         cgroup: CgroupPlan,
         dir: PathBuf,
         env: Vec<(String, String)>,
+        lease: std::fs::File,
     ) -> Self {
         Sandbox {
             id,
@@ -70,6 +74,7 @@ impl Sandbox {
             stopping: AtomicBool::new(false),
             destroyed: Notify::new(),
             done: AtomicBool::new(false),
+            _lease: lease,
         }
     }
 

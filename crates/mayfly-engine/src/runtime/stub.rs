@@ -49,10 +49,15 @@ impl StubHandle {
         }
     }
 
-    /// Has the stub clone and set up the sandbox's init.
-    pub async fn spawn(&self, plan: &SpawnPlan) -> Result<Spawned, RuntimeError> {
+    /// Has the stub clone and set up the sandbox's init. The stub keeps a
+    /// copy of `keep` (the uid slot's lease) open until it exits.
+    pub async fn spawn(
+        &self,
+        plan: &SpawnPlan,
+        keep: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Spawned, RuntimeError> {
         let req = serde_json::to_vec(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
-        self.chan.send(&req, &[])?;
+        self.chan.send(&req, &[keep])?;
         let (data, mut fds) = self.chan.recv().await?;
         match serde_json::from_slice::<StubReply>(&data) {
             Ok(StubReply::Spawned { pid }) if fds.len() == 2 => {
@@ -97,9 +102,12 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32, id: &str, join: &[std::path:
         process::exit_now(1);
     }
     let mut buf = Vec::new();
-    if ipc::recv(sock.as_fd(), &mut buf, false).is_err() {
-        process::exit_now(0);
-    }
+    // What comes with the plan (the uid slot's lease) is held until this
+    // process exits; init closes its inherited copies first thing.
+    let _kept = match ipc::recv(sock.as_fd(), &mut buf, false) {
+        Ok(fds) => fds,
+        Err(_) => process::exit_now(0),
+    };
     let reply = match serde_json::from_slice::<SpawnPlan>(&buf) {
         Ok(plan) => spawn_init(&plan),
         Err(e) => Err(format!("bad plan: {e}")),

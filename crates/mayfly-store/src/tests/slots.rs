@@ -217,3 +217,35 @@ fn slots_stay_unique_across_processes() {
     assert_eq!(handed_out.len(), 3 * 20);
     assert_unique_and_recorded(&store, &handed_out);
 }
+
+#[test]
+fn a_slot_leased_elsewhere_is_skipped_and_a_lease_error_fails_the_insert() {
+    let store = Store::open_in_memory().unwrap();
+    store.insert_sandbox(&record(id(0), 0), 8).unwrap();
+    // Slot 0 is held here; 1 and 2 are held by another instance.
+    let mut asked = Vec::new();
+    let slot = store
+        .insert_sandbox_leasing(&record(id(1), 1), 8, &mut |s| {
+            asked.push(s);
+            Ok(s > 2)
+        })
+        .unwrap();
+    assert_eq!((slot, asked), (3, vec![1, 2, 3]));
+    // Nothing free anywhere.
+    let err = store
+        .insert_sandbox_leasing(&record(id(2), 2), 8, &mut |_| Ok(false))
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::SlotsExhausted { max: 8 }),
+        "{err}"
+    );
+    // An I/O failure is reported with the slot, and nothing is inserted.
+    let err = store
+        .insert_sandbox_leasing(&record(id(3), 3), 8, &mut |_| {
+            Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied))
+        })
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Lease { slot: 1, .. }), "{err}");
+    assert_eq!(store.get_sandbox(&id(3)).unwrap(), None);
+    assert_eq!(store.get_sandbox(&id(2)).unwrap(), None);
+}
