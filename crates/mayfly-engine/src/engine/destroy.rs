@@ -112,7 +112,6 @@ impl Engine {
     /// layer full of links planted by the sandbox cannot redirect it.
     fn move_to_trash(&self, dir: &Path) -> std::path::PathBuf {
         let trash = self.inner.cfg.trash_dir();
-        let _ = std::fs::create_dir_all(&trash);
         let name = dir.file_name().map(|n| n.to_owned()).unwrap_or_default();
         let target = trash.join(name);
         if std::fs::rename(dir, &target).is_ok() {

@@ -73,7 +73,12 @@ impl Engine {
         // The state directory and `sandboxes/` are traverse-only for others
         // (0711): each sandbox's init reaches its mount point through them
         // as the sandbox's root, an unprivileged uid on the host.
-        for d in [cfg.state_dir.clone(), cfg.sandboxes_dir(), cfg.stubs_dir()] {
+        for d in [
+            cfg.state_dir.clone(),
+            cfg.sandboxes_dir(),
+            cfg.stubs_dir(),
+            cfg.trash_dir(),
+        ] {
             std::fs::create_dir_all(&d)
                 .and_then(|()| {
                     std::fs::set_permissions(

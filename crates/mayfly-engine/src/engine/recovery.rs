@@ -136,10 +136,13 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             }
         }
     }
+    // The trash directory stays; what a crash left in it goes.
     let trash = inner.cfg.trash_dir();
-    if trash.exists() {
-        if let Err(e) = std::fs::remove_dir_all(&trash) {
-            report.errors.push(format!("{}: {e}", trash.display()));
+    if let Ok(entries) = std::fs::read_dir(&trash) {
+        for e in entries.flatten() {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                report.errors.push(format!("{}: {err}", e.path().display()));
+            }
         }
     }
     if report != RecoveryReport::default() {

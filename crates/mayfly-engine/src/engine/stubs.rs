@@ -38,17 +38,33 @@ impl Engine {
         std::fs::write(&marker, b"")
             .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
         // The directories of the `host` template (a root and /usr overlay),
-        // made now rather than on the create's critical path.
+        // made now rather than on the create's critical path, while the
+        // zygote forks the stub.
         let dir = self.inner.cfg.sandboxes_dir().join(id.as_str());
         let dir2 = dir.clone();
-        let made = tokio::task::spawn_blocking(move || super::create::make_dirs(&dir2, 2)).await;
-        if !matches!(made, Ok(Ok(()))) {
-            let _ = std::fs::remove_dir_all(&dir);
-            let _ = std::fs::remove_file(&marker);
-            return Err(EngineError::Internal(format!(
-                "making the directories of {id}: {made:?}"
-            )));
-        }
+        let dirs = tokio::task::spawn_blocking(move || super::create::make_dirs(&dir2, 2));
+        let (made, stub) = tokio::join!(dirs, self.stub_in_cgroups(&id, &cgroup));
+        let failure = match (made, stub) {
+            (Ok(Ok(())), Ok(stub)) => return Ok(ReadyStub { id, stub, cgroup }),
+            (made, Ok(stub)) => {
+                stub.kill();
+                format!("making the directories of {id}: {made:?}")
+            }
+            (_, Err(e)) => e.to_string(),
+        };
+        let _ = mayfly_sys::cgroup::remove(&cgroup);
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&marker);
+        Err(EngineError::Internal(failure))
+    }
+
+    /// Creates the stub's cgroups and has the zygote fork a stub into them.
+    /// On failure the caller removes the cgroups.
+    async fn stub_in_cgroups(
+        &self,
+        id: &SandboxId,
+        cgroup: &CgroupPlan,
+    ) -> Result<StubHandle, EngineError> {
         let applied = cgroup.clone();
         tokio::task::spawn_blocking(move || mayfly_sys::cgroup::apply(&applied))
             .await
@@ -66,31 +82,25 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let stub = match self.inner.zygote.fork_stub(id.as_str(), &join).await {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = mayfly_sys::cgroup::remove(&cgroup);
-                let _ = std::fs::remove_dir_all(&dir);
-                let _ = std::fs::remove_file(&marker);
-                return Err(EngineError::Internal(format!("forking a stub: {e}")));
-            }
-        };
-        let (plan2, pid) = (cgroup.clone(), stub.pid);
+        let stub = self
+            .inner
+            .zygote
+            .fork_stub(id.as_str(), &join)
+            .await
+            .map_err(|e| EngineError::Internal(format!("forking a stub: {e}")))?;
+        let (plan, pid) = (cgroup.clone(), stub.pid);
         let attached = if v1 {
             Ok(Ok(()))
         } else {
-            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan2, pid)).await
+            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan, pid)).await
         };
         if !matches!(attached, Ok(Ok(()))) {
             stub.kill();
-            let _ = mayfly_sys::cgroup::remove(&cgroup);
-            let _ = std::fs::remove_dir_all(&dir);
-            let _ = std::fs::remove_file(&marker);
             return Err(EngineError::Internal(format!(
                 "placing a stub in the cgroups of {id}: {attached:?}"
             )));
         }
-        Ok(ReadyStub { id, stub, cgroup })
+        Ok(stub)
     }
 
     /// A ready stub: from the pool when one is waiting, else made now.

@@ -62,12 +62,19 @@ pub fn default_filter() -> Result<Filter, SeccompPlanError> {
     default_filter_for(arch)
 }
 
-/// The default filter compiled for `arch`.
+/// The default filter compiled for `arch`, laid out as a binary search on
+/// the syscall number. A filter the layout cannot handle stays linear (the
+/// same policy, slower to install and to run), and that is logged.
 pub fn default_filter_for(arch: TargetArch) -> Result<Filter, SeccompPlanError> {
     if arch != TargetArch::x86_64 {
         return Err(SeccompPlanError::UnsupportedArch { arch });
     }
-    Filter::from_json(DEFAULT_POLICY, arch).map_err(|source| SeccompPlanError::Compile { source })
+    let filter = Filter::from_json(DEFAULT_POLICY, arch)
+        .map_err(|source| SeccompPlanError::Compile { source })?;
+    for (name, reason) in filter.linear_fallbacks() {
+        tracing::warn!(filter = %name, %reason, "seccomp filter kept its linear layout: slower to install and run");
+    }
+    Ok(filter)
 }
 
 #[cfg(test)]
@@ -75,6 +82,7 @@ pub fn default_filter_for(arch: TargetArch) -> Result<Filter, SeccompPlanError> 
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
+    use mayfly_sys::hardening::bpf_eval::{evaluate, SyscallData};
     use mayfly_sys::hardening::sock_filter;
 
     use super::*;
@@ -86,41 +94,15 @@ mod tests {
     const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
     const RET_KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 
-    /// Runs one classic-BPF seccomp program on (arch, nr, args), supporting
-    /// the instructions seccompiler emits.
-    fn run(prog: &[sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
-        let load = |off: u32| -> u32 {
-            match off {
-                0 => nr as u32,
-                4 => arch,
-                16..=63 => {
-                    let arg = args[(off as usize - 16) / 8];
-                    if off.is_multiple_of(8) {
-                        arg as u32
-                    } else {
-                        (arg >> 32) as u32
-                    }
-                }
-                _ => panic!("load from unexpected offset {off}"),
-            }
+    /// Runs one seccomp program on (arch, nr, args): the action and how
+    /// many instructions ran.
+    fn run(prog: &[sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> (u32, usize) {
+        let data = SyscallData {
+            nr: nr as u32,
+            arch,
+            args,
         };
-        let (mut pc, mut acc) = (0usize, 0u32);
-        loop {
-            let ins = &prog[pc];
-            pc += 1;
-            let jump = |cond: bool| usize::from(if cond { ins.jt } else { ins.jf });
-            match ins.code {
-                0x20 => acc = load(ins.k),            // LD | W | ABS
-                0x54 => acc &= ins.k,                 // ALU | AND | K
-                0x05 => pc += ins.k as usize,         // JMP | JA
-                0x15 => pc += jump(acc == ins.k),     // JMP | JEQ | K
-                0x25 => pc += jump(acc > ins.k),      // JMP | JGT | K
-                0x35 => pc += jump(acc >= ins.k),     // JMP | JGE | K
-                0x45 => pc += jump(acc & ins.k != 0), // JMP | JSET | K
-                0x06 => return ins.k,                 // RET | K
-                code => panic!("unexpected BPF opcode {code:#x}"),
-            }
-        }
+        evaluate(prog, &data).expect("the filter evaluates")
     }
 
     /// What the kernel returns with every filter installed: each runs, newest
@@ -130,7 +112,7 @@ mod tests {
         let action = |r: u32| (r & libc::SECCOMP_RET_ACTION_FULL) as i32;
         let mut verdict = RET_ALLOW;
         for (_, prog) in filter.filters().iter().rev() {
-            let r = run(prog, arch, nr, args);
+            let (r, _) = run(prog, arch, nr, args);
             if action(r) < action(verdict) {
                 verdict = r;
             }
@@ -389,5 +371,76 @@ mod tests {
             "{} syscalls",
             names.len()
         );
+    }
+
+    /// Argument values around every rule of the policy: 0, all ones, each
+    /// single bit, and each value and mask of the policy with its neighbours
+    /// and with the upper 32 bits set.
+    fn argument_values() -> BTreeSet<u64> {
+        let policy: serde_json::Value = serde_json::from_str(DEFAULT_POLICY).unwrap();
+        let mut values: BTreeSet<u64> = (0..64).map(|b| 1 << b).collect();
+        values.extend([0, u64::MAX]);
+        for layer in policy.as_object().unwrap().values() {
+            for rule in layer["filter"].as_array().unwrap() {
+                let args = rule.get("args").and_then(|a| a.as_array());
+                for arg in args.into_iter().flatten() {
+                    let mask = arg["op"].get("masked_eq").and_then(|m| m.as_u64());
+                    for v in [arg["val"].as_u64(), mask].into_iter().flatten() {
+                        let high = v | 0xFFFF_FFFF_0000_0000;
+                        values.extend([v, v.wrapping_add(1), v.wrapping_sub(1), high]);
+                    }
+                }
+            }
+        }
+        values
+    }
+
+    /// What is installed (the tree layout) against seccompiler's own linear
+    /// programs, filter by filter: every number up to 1023, the same with
+    /// the x32 bit, a foreign architecture, and every argument value above
+    /// in each of arguments 0 to 2, for every number (a superset of the
+    /// syscalls with rules).
+    #[test]
+    fn the_installed_tree_gives_the_verdicts_of_seccompilers_linear_program() {
+        let tree = default_filter().unwrap();
+        let fallbacks = tree.linear_fallbacks();
+        assert!(fallbacks.is_empty(), "{fallbacks:?}");
+        let linear = Filter::from_json_linear(DEFAULT_POLICY, TargetArch::x86_64).unwrap();
+        assert_ne!(tree.filters(), linear.filters());
+        let values = argument_values();
+        for ((name, t), (_, l)) in tree.filters().iter().zip(linear.filters()) {
+            for nr in (0..=1023).flat_map(|nr| [nr, nr | 0x4000_0000]) {
+                let same = |arch, args| {
+                    let (a, b) = (run(t, arch, nr, args).0, run(l, arch, nr, args).0);
+                    assert_eq!(a, b, "{name}: nr {nr:#x}, arch {arch:#x}, args {args:x?}");
+                };
+                same(AUDIT_ARCH_I386, [0; 6]);
+                same(AUDIT_ARCH_X86_64, [0; 6]);
+                for (&v, i) in values.iter().flat_map(|v| [(v, 0), (v, 1), (v, 2)]) {
+                    let mut args = [0; 6];
+                    args[i] = v;
+                    same(AUDIT_ARCH_X86_64, args);
+                }
+            }
+        }
+    }
+
+    /// The most instructions any syscall number runs through in the
+    /// allowlist, with arguments of 0.
+    fn worst_path(filter: &Filter) -> usize {
+        let allowlist = &filter.filters()[0].1;
+        (0..=1023)
+            .flat_map(|nr| [nr, nr | 0x4000_0000])
+            .map(|nr| run(allowlist, AUDIT_ARCH_X86_64, nr, [0; 6]).1)
+            .max()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_installed_allowlist_decides_any_syscall_in_a_few_dozen_steps() {
+        let linear = Filter::from_json_linear(DEFAULT_POLICY, TargetArch::x86_64).unwrap();
+        let (tree, linear) = (worst_path(&default_filter().unwrap()), worst_path(&linear));
+        assert!(tree < 40, "the tree takes up to {tree} steps");
+        assert!(linear > 500, "the linear program took only {linear} steps");
     }
 }
