@@ -79,7 +79,15 @@ async fn run_local(
     let engine = Engine::new(cfg, zygote)?;
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "engine ready");
     let caller = Caller::new(format!("cli:pid={}", std::process::id()));
-    let sb = engine.create(create, &caller).await?;
+    let sb = match engine.create(create, &caller).await {
+        Ok(sb) => sb,
+        Err(e) => {
+            // Nothing of the sandbox is left (create cleans up after
+            // itself); the stub made ahead for it is discarded here.
+            engine.shutdown().await;
+            return Err(e.into());
+        }
+    };
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "sandbox ready");
     let result = async {
         if cli.json {

@@ -60,6 +60,49 @@ fn run_prints_exactly_the_commands_output_without_a_daemon() {
     assert_eq!(text(&out.stderr), "err\n");
 }
 
+/// A daemonless run makes its sandbox's stub while it opens the store; when
+/// the create is then refused, that stub goes too: no marker, directory,
+/// cgroup or process is left.
+#[test]
+fn a_refused_daemonless_run_leaves_nothing_behind() {
+    common::require_root();
+    let dir = test_dir();
+    let out = Command::new(BIN)
+        .arg("--socket")
+        .arg(dir.path().join("no-daemon.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["run", "--ttl", "1000d", "--", "true"])
+        .env("MAYFLY_LOG", "mayfly_engine=debug")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the mayfly CLI");
+    let log = text(&out.stderr);
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "an out-of-range ttl was accepted"
+    );
+    assert!(
+        log.contains("ttl"),
+        "the error does not name the ttl: {log}"
+    );
+    // The engine logs the id of the stub it made ahead.
+    let id = log
+        .lines()
+        .find(|l| l.contains("making the first stub ahead"))
+        .and_then(|l| l.split("id=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|id| id.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-'))
+        .unwrap_or_else(|| panic!("no early stub in the log: {log}"))
+        .to_owned();
+    assert!(id.starts_with("mf-"), "odd id {id:?} in {log}");
+    assert_no_leaks(&dir.path().join("state"), &[&id]);
+    let marker = dir.path().join("state/stubs").join(&id);
+    assert!(!marker.exists(), "stub marker left: {}", marker.display());
+}
+
 #[test]
 fn run_json_output_is_an_exec_result() {
     common::require_root();

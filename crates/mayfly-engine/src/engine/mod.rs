@@ -39,7 +39,9 @@ pub struct Engine {
 struct Inner {
     cfg: EngineConfig,
     store: Store,
-    zygote: Zygote,
+    maker: Arc<stubs::StubMaker>,
+    /// A one-shot engine's first stub, started before the store was open.
+    early_stub: std::sync::Mutex<Option<stubs::EarlyStub>>,
     layout: CgroupLayout,
     skeleton: PathBuf,
     host: Vec<(&'static str, HostEntry)>,
@@ -105,7 +107,6 @@ impl Engine {
         leases::prepare(&cfg.slot_lease_dir).map_err(|e| {
             EngineError::Internal(format!("preparing {}: {e}", cfg.slot_lease_dir.display()))
         })?;
-        let store = Store::open(&cfg.state_dir)?;
         let layout = match &cfg.cgroup_layout {
             Some(l) => l.clone(),
             None => CgroupLayout::discover()
@@ -114,12 +115,32 @@ impl Engine {
         let host = template::inspect_host(&cfg.host_root);
         let skeleton = template::ensure_host_skeleton(&cfg.templates_dir(), &cfg.host_root, &host)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let maker = Arc::new(stubs::StubMaker {
+            zygote,
+            layout: layout.clone(),
+            default_limits: cfg.default_limits,
+            stubs_dir: cfg.stubs_dir(),
+            sandboxes_dir: cfg.sandboxes_dir(),
+        });
+        // A one-shot engine (`mayfly run`) will create exactly one sandbox
+        // right away: its stub (cgroups, network namespace, directories) is
+        // made by the zygote and the blocking pool while this thread opens
+        // the store and reconciles, instead of after. Should opening the
+        // store fail, the stub dies with the zygote when this process exits,
+        // and its marker (written before its cgroups) lets the next start's
+        // recovery remove the rest.
+        let early_stub = match tokio::runtime::Handle::try_current() {
+            Ok(_) if cfg.stub_pool == 0 => Some(maker.start_early()?),
+            _ => None,
+        };
+        let store = Store::open(&cfg.state_dir)?;
         let me = std::process::id();
         let owner = (me, mayfly_sys::process::start_time(me).unwrap_or(0));
         let mut inner = Inner {
             cfg,
             store,
-            zygote,
+            maker,
+            early_stub: std::sync::Mutex::new(early_stub),
             layout,
             skeleton,
             host,
@@ -183,7 +204,7 @@ impl Engine {
     /// Destroys every live sandbox (daemon shutdown).
     pub async fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
-        self.drain_stubs();
+        self.drain_stubs().await;
         let all = self.live();
         let tasks: Vec<_> = all
             .into_iter()

@@ -46,6 +46,10 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
         }
     };
     let mut keep: HashSet<String> = HashSet::new();
+    // This engine's own early stub is being made while this runs.
+    if let Some(early) = &*inner.early_stub.lock().unwrap_or_else(|p| p.into_inner()) {
+        keep.insert(early.id.to_string());
+    }
     for rec in records {
         if owner_alive(&rec, inner.owner) {
             report.foreign_live += 1;
@@ -106,6 +110,9 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     if let Some(entries) = stub_markers {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
+            if keep.contains(&name) {
+                continue;
+            }
             let Ok(id) = name.parse::<mayfly_types::SandboxId>() else {
                 let _ = std::fs::remove_file(e.path());
                 continue;

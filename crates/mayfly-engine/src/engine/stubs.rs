@@ -3,15 +3,17 @@
 //! sandbox: it has no namespaces, no root and no init, and it is used once.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use mayfly_sys::cgroup::CgroupPlan;
-use mayfly_types::SandboxId;
+use mayfly_sys::cgroup::{CgroupLayout, CgroupPlan};
+use mayfly_types::{ResolvedLimits, SandboxId};
 
 use super::Engine;
 use crate::plan;
 use crate::runtime::stub::StubHandle;
+use crate::runtime::zygote::Zygote;
 use crate::EngineError;
 
 /// A stub and the cgroups it sits in; the cgroup names are its future
@@ -28,19 +30,48 @@ pub(crate) struct StubPool {
     inflight: std::sync::atomic::AtomicUsize,
 }
 
-impl Engine {
-    /// Forks a stub and moves it into fresh cgroups.
-    async fn make_stub(&self) -> Result<ReadyStub, EngineError> {
+/// Everything a stub is made from, shared by the engine and by a stub made
+/// before the engine has finished opening (see [`Engine::new`]).
+pub(crate) struct StubMaker {
+    pub zygote: Zygote,
+    pub layout: CgroupLayout,
+    pub default_limits: ResolvedLimits,
+    pub stubs_dir: PathBuf,
+    pub sandboxes_dir: PathBuf,
+}
+
+/// A stub being made in the background for the first create of a one-shot
+/// engine, and the id it will have (so recovery leaves it alone).
+pub(crate) struct EarlyStub {
+    pub id: SandboxId,
+    pub task: tokio::task::JoinHandle<Result<ReadyStub, EngineError>>,
+}
+
+impl StubMaker {
+    /// Starts making a stub with a fresh id on the runtime, right away.
+    pub fn start_early(self: &Arc<Self>) -> Result<EarlyStub, EngineError> {
         let id = super::create::random_id()?;
-        let cgroup = plan::cgroup::plan(&self.inner.layout, &id, &self.inner.cfg.default_limits)
+        tracing::debug!(%id, "making the first stub ahead");
+        let maker = self.clone();
+        let id2 = id.clone();
+        let task = tokio::spawn(async move { maker.make(id2).await });
+        Ok(EarlyStub { id, task })
+    }
+
+    /// Forks a stub for the future sandbox `id` and moves it into fresh
+    /// cgroups; its directories are made meanwhile.
+    pub async fn make(&self, id: SandboxId) -> Result<ReadyStub, EngineError> {
+        let cgroup = plan::cgroup::plan(&self.layout, &id, &self.default_limits)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let marker = self.inner.cfg.stubs_dir().join(id.as_str());
+        // Written before any cgroup exists, so recovery after a crash finds
+        // and removes them.
+        let marker = self.stubs_dir.join(id.as_str());
         std::fs::write(&marker, b"")
             .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
         // The directories of the `host` template (a root and /usr overlay),
         // made now rather than on the create's critical path, while the
         // zygote forks the stub.
-        let dir = self.inner.cfg.sandboxes_dir().join(id.as_str());
+        let dir = self.sandboxes_dir.join(id.as_str());
         let dir2 = dir.clone();
         let dirs = tokio::task::spawn_blocking(move || super::create::make_dirs(&dir2, 2));
         let (made, stub) = tokio::join!(dirs, self.stub_in_cgroups(&id, &cgroup));
@@ -83,7 +114,6 @@ impl Engine {
             Vec::new()
         };
         let stub = self
-            .inner
             .zygote
             .fork_stub(id.as_str(), &join)
             .await
@@ -102,6 +132,13 @@ impl Engine {
         }
         Ok(stub)
     }
+}
+
+impl Engine {
+    /// Forks a stub and moves it into fresh cgroups.
+    async fn make_stub(&self) -> Result<ReadyStub, EngineError> {
+        self.inner.maker.make(super::create::random_id()?).await
+    }
 
     /// A ready stub: from the pool when one is waiting, else made now.
     pub(crate) async fn take_stub(&self) -> Result<ReadyStub, EngineError> {
@@ -115,10 +152,18 @@ impl Engine {
         // The pool is topped up once this create is done (see create.rs),
         // so refilling does not compete with it for the CPU and the kernel's
         // locks.
-        match pooled {
-            Some(s) => Ok(s),
-            None => self.make_stub().await,
+        if let Some(s) = pooled {
+            return Ok(s);
         }
+        let early = self.take_early_stub();
+        if let Some(early) = early {
+            match early.task.await {
+                Ok(Ok(s)) => return Ok(s),
+                Ok(Err(e)) => tracing::debug!(error = %e, "the early stub failed; making another"),
+                Err(e) => tracing::debug!(error = %e, "the early stub's task failed"),
+            }
+        }
+        self.make_stub().await
     }
 
     /// Tops the pool up to its target in the background.
@@ -159,8 +204,26 @@ impl Engine {
         }
     }
 
-    /// Kills every idle stub and removes its cgroups.
-    pub(crate) fn drain_stubs(&self) {
+    /// The stub made ahead for a one-shot engine's first create, if still
+    /// unclaimed.
+    fn take_early_stub(&self) -> Option<EarlyStub> {
+        let mut early = self
+            .inner
+            .early_stub
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        early.take()
+    }
+
+    /// Kills every idle stub (and an early one nobody took) and removes
+    /// its cgroups.
+    pub(crate) async fn drain_stubs(&self) {
+        let early = self.take_early_stub();
+        if let Some(early) = early {
+            if let Ok(Ok(s)) = early.task.await {
+                self.discard_stub(s);
+            }
+        }
         let all: Vec<ReadyStub> = self
             .inner
             .stubs
