@@ -224,11 +224,22 @@ pub fn set_parent_death_signal(signal: i32) -> Result<(), ProcessError> {
     Ok(())
 }
 
-/// Makes this process non-dumpable, so same-uid processes cannot ptrace it
-/// or open its `/proc/<pid>/mem`, `environ` or fds.
-pub fn set_non_dumpable() -> Result<(), ProcessError> {
+/// Sets whether this process is dumpable. A non-dumpable process cannot be
+/// ptraced by same-uid processes, and its `/proc/<pid>` files (`mem`,
+/// `environ`, fds, but also its own `oom_score_adj`) belong to the host's
+/// root, so not even the process itself can open them once its uid changed.
+pub fn set_dumpable(dumpable: bool) -> Result<(), ProcessError> {
     // SAFETY: plain prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            libc::c_ulong::from(dumpable),
+            0,
+            0,
+            0,
+        )
+    } < 0
+    {
         return Err(call("prctl(PR_SET_DUMPABLE)"));
     }
     Ok(())

@@ -180,17 +180,27 @@ async fn env_cwd_and_uid_are_applied() {
         env: [("FOO".to_owned(), "bar".to_owned())].into(),
         cwd: Some("/tmp".into()),
         uid: Some(1000),
-        ..cmd(&["sh", "-c", "echo $FOO; pwd; id -u; id -g"])
+        ..cmd(&[
+            "sh",
+            "-c",
+            "echo $FOO; pwd; id -u; id -g; cat /proc/self/oom_score_adj",
+        ])
     };
     let r = d.exec_req(&sb.id, &req).await;
+    // Commands are not shielded from the OOM killer as init is, whatever
+    // their uid.
     assert_eq!(
         text(&r.stdout.0),
-        "bar\n/tmp\n1000\n1000\n",
+        "bar\n/tmp\n1000\n1000\n0\n",
         "{}",
         text(&r.stderr.0)
     );
     // The default working directory is /workspace, as root.
-    assert_eq!(d.sh(&sb.id, "pwd; id -u").await, "/workspace\n0\n");
+    assert_eq!(
+        d.sh(&sb.id, "pwd; id -u; cat /proc/self/oom_score_adj")
+            .await,
+        "/workspace\n0\n0\n"
+    );
 }
 
 #[tokio::test]

@@ -78,8 +78,6 @@ pub fn exec_command(
                 }
             }
             process::reset_signals();
-            // Init is shielded from the OOM killer; its commands are not.
-            let _ = std::fs::write("/proc/self/oom_score_adj", "0");
             if hardening::set_rlimits(&setup.rlimits).is_err() {
                 stage(-3);
             }
@@ -96,6 +94,17 @@ pub fn exec_command(
                 stage(-6);
             }
             process::close_fds_except(3, &[std::os::fd::AsRawFd::as_raw_fd(&err_w)]);
+            // Init is shielded from the OOM killer; its commands are not.
+            // The fork inherited init's score and its non-dumpable flag,
+            // which makes `/proc/self/oom_score_adj` the host root's. Only
+            // now, with the command's credentials and none of init's
+            // descriptors left, does the child become dumpable (as execve
+            // of any ordinary program would make it anyway) and raise its
+            // score to 0, which needs no privilege. If that fails, the
+            // command does not run.
+            if process::set_dumpable(true).is_err() || !reset_oom_score() {
+                stage(-8);
+            }
             let image = |path: CString| supervise::ExecImage {
                 path,
                 argv: argv.clone(),
@@ -125,6 +134,13 @@ pub fn exec_command(
     }
 }
 
+/// Sets this process's `oom_score_adj` to 0; true if it is 0 afterwards.
+fn reset_oom_score() -> bool {
+    const FILE: &str = "/proc/self/oom_score_adj";
+    std::fs::write(FILE, "0").is_ok()
+        || std::fs::read_to_string(FILE).is_ok_and(|v| v.trim() == "0")
+}
+
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const CHDIR_FLAG: i32 = 1 << 16;
 
@@ -137,6 +153,7 @@ fn describe(code: i32) -> (i32, String) {
         -5 => (libc::EPERM, "uid/gid".into()),
         -6 => (libc::EPERM, "no_new_privs".into()),
         -7 => (libc::EPERM, "seccomp".into()),
+        -8 => (libc::EACCES, "oom_score_adj".into()),
         c if c >= CHDIR_FLAG => (c - CHDIR_FLAG, "chdir".into()),
         c => (c, "execve".into()),
     }

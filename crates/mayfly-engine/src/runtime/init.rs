@@ -88,7 +88,7 @@ fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {
         apply_mount_op(op).map_err(|e| super::chain(&e))?;
     }
     // Same-uid processes in the sandbox must not ptrace init or read its fds.
-    process::set_non_dumpable().map_err(|e| super::chain(&e))?;
+    process::set_dumpable(false).map_err(|e| super::chain(&e))?;
     Ok(())
 }
 

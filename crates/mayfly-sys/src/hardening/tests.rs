@@ -381,3 +381,35 @@ fn hardened_child_can_exec_a_shell_that_runs_a_pipeline() {
     }
     in_child(harden_fully, &[("the shell runs and exits 0", exec_shell)]);
 }
+
+/// Why an exec child becomes dumpable before it resets its OOM score: a
+/// non-dumpable process that gave up root cannot open its own
+/// `/proc/self/oom_score_adj`; a dumpable one can.
+#[test]
+fn a_non_dumpable_process_without_root_cannot_reset_its_own_oom_score() {
+    require_root();
+    fn nothing() -> Result<(), HardeningError> {
+        Ok(())
+    }
+    fn write_score() -> bool {
+        std::fs::write("/proc/self/oom_score_adj", "0").is_ok()
+    }
+    fn refused_while_non_dumpable() -> bool {
+        crate::process::set_dumpable(false).is_ok()
+            && crate::process::set_ids(65534, 65534).is_ok()
+            && !write_score()
+    }
+    fn allowed_once_dumpable() -> bool {
+        crate::process::set_dumpable(true).is_ok() && write_score()
+    }
+    in_child(
+        nothing,
+        &[
+            (
+                "as nobody and non-dumpable, the write is refused",
+                refused_while_non_dumpable,
+            ),
+            ("once dumpable, the write works", allowed_once_dumpable),
+        ],
+    );
+}
