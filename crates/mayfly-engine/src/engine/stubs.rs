@@ -218,10 +218,17 @@ impl Engine {
     /// Kills every idle stub (and an early one nobody took) and removes
     /// its cgroups.
     pub(crate) async fn drain_stubs(&self) {
-        let early = self.take_early_stub();
-        if let Some(early) = early {
-            if let Ok(Ok(s)) = early.task.await {
-                self.discard_stub(s);
+        if let Some(mut early) = self.take_early_stub() {
+            let limit = self.inner.cfg.setup_timeout;
+            match tokio::time::timeout(limit, &mut early.task).await {
+                Ok(Ok(Ok(s))) => self.discard_stub(s),
+                Ok(_) => {}
+                Err(_) => {
+                    // Its marker was written first: the next start's
+                    // recovery removes whatever it made.
+                    early.task.abort();
+                    tracing::warn!(id = %early.id, "the stub made ahead did not finish in time");
+                }
             }
         }
         let all: Vec<ReadyStub> = self
