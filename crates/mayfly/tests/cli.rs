@@ -103,6 +103,49 @@ fn a_refused_daemonless_run_leaves_nothing_behind() {
     assert!(!marker.exists(), "stub marker left: {}", marker.display());
 }
 
+/// The shared `mayfly` parent cgroups that exist and hold no cgroup: what a
+/// Mayfly instance that has finished would have left behind.
+fn empty_mayfly_parents() -> Vec<std::path::PathBuf> {
+    let parents: Vec<std::path::PathBuf> = if common::host::cgroup_is_v2() {
+        vec!["/sys/fs/cgroup/mayfly".into()]
+    } else {
+        ["memory", "cpu", "cpuacct", "pids"]
+            .iter()
+            .map(|c| format!("/sys/fs/cgroup/{c}/mayfly").into())
+            .collect()
+    };
+    parents
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_dir(p).is_ok_and(|entries| {
+                !entries
+                    .flatten()
+                    .any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            })
+        })
+        .collect()
+}
+
+/// A daemonless run removes the shared `mayfly` parent cgroups it made, once
+/// empty. Other tests' daemons keep theirs busy with stubs and remove them
+/// when they stop, so an empty parent may appear for a moment; none stays.
+#[tokio::test]
+async fn a_daemonless_run_leaves_no_empty_mayfly_cgroup_parent() {
+    common::require_root();
+    let dir = test_dir();
+    let out = daemonless(&dir, &["run", "--", "true"]);
+    expect_exit(&out, 0, "mayfly run");
+    let settled = common::eventually(std::time::Duration::from_secs(3), || {
+        empty_mayfly_parents().is_empty()
+    })
+    .await;
+    assert!(
+        settled,
+        "empty mayfly cgroup parents left: {:?}",
+        empty_mayfly_parents()
+    );
+}
+
 #[test]
 fn run_json_output_is_an_exec_result() {
     common::require_root();

@@ -56,6 +56,10 @@ pub(crate) fn random_id() -> Result<SandboxId, EngineError> {
 /// The mount point of the root, relative to the sandbox's directory.
 const ROOTFS: &str = "rootfs";
 
+/// Layers whose directories a stub makes ahead: the `host` template's two
+/// (the root and `/usr`); a `dir:` template needs one.
+pub(crate) const STUB_LAYERS: usize = 2;
+
 /// Per-sandbox directories: the sandbox's own directory and one (upper,
 /// work) pair per layer.
 pub(crate) fn sandbox_dirs(
@@ -154,7 +158,7 @@ impl Engine {
         let ReadyStub {
             id,
             stub,
-            cgroup: _,
+            cgroup: stub_cgroup,
         } = self.take_stub().await?;
         let t_stub = t0.elapsed();
         let now = now_ms();
@@ -173,7 +177,7 @@ impl Engine {
             reason: None,
             create_ms: None,
         };
-        let cgroup = plan::cgroup::plan(&inner.layout, &id, &limits)
+        let cgroup = plan::cgroup::plan(inner.layout(), &id, &limits)
             .map_err(|e| EngineError::Internal(e.to_string()));
         let mut lease = None;
         let slot = inner
@@ -194,8 +198,7 @@ impl Engine {
                 self.discard_stub(ReadyStub {
                     id: id.clone(),
                     stub,
-                    cgroup: plan::cgroup::plan(&inner.layout, &id, &cfg.default_limits)
-                        .map_err(|e| EngineError::Internal(e.to_string()))?,
+                    cgroup: stub_cgroup,
                 });
                 if slot.is_ok() {
                     let _ = inner
@@ -214,6 +217,7 @@ impl Engine {
         let layers = plan_layers(&template, &inner.skeleton, &inner.host);
         let (dir, uppers) = sandbox_dirs(cfg, &id, layers.len());
         let env = base_env(&id, &req.env);
+        let rootfs = PathBuf::from(ROOTFS);
         let spawn = SpawnPlan {
             id: id.to_string(),
             uid_base,
@@ -221,15 +225,11 @@ impl Engine {
             layers,
             uppers,
             workdir: dir.clone(),
-            rootfs: PathBuf::from(ROOTFS),
-            before_pivot: Vec::new(),
+            before_pivot: mounts::before_pivot(&rootfs, &limits),
+            rootfs,
             after_pivot: mounts::after_pivot(),
             rlimits: plan::hardening::default_rlimits(&limits),
             env: env.clone(),
-        };
-        let spawn = SpawnPlan {
-            before_pivot: mounts::before_pivot(&spawn.rootfs, &limits),
-            ..spawn
         };
 
         let t_plan = t0.elapsed();
@@ -307,10 +307,14 @@ impl Engine {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        // The sandbox's directory is init's working directory.
-        make_dirs(&plan.workdir, plan.uppers.len())
-            .and_then(|()| own_uppers(&plan.uppers, plan.uid_base))
-            .map_err(|e| internal("creating directories", &e))?;
+        // The sandbox's directory is init's working directory. Every stub
+        // comes with the directories of `STUB_LAYERS` layers already made.
+        if plan.uppers.len() > STUB_LAYERS {
+            make_dirs(&plan.workdir, plan.uppers.len())
+                .map_err(|e| internal("creating directories", &e))?;
+        }
+        own_uppers(&plan.uppers, plan.uid_base)
+            .map_err(|e| internal("giving the upper directories to the sandbox", &e))?;
         // The stub's cgroups were made with the default limits; only other
         // limits need writing.
         if limits != &self.inner.cfg.default_limits {

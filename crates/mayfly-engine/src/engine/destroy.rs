@@ -133,7 +133,11 @@ impl Engine {
     }
 
     /// Waits until every background cleanup started so far (and any they
-    /// start in turn) has finished.
+    /// start in turn) has finished, then removes the shared `mayfly` cgroup
+    /// parents if they are empty, so a daemonless run or a daemon leaves
+    /// nothing of Mayfly in the cgroup trees. A parent still holding another
+    /// instance's sandboxes or stubs stays; one removed while another
+    /// instance makes a sandbox is made again by `cgroup::apply`.
     pub async fn wait_cleanup(&self) {
         loop {
             let tasks: Vec<_> = std::mem::take(
@@ -144,6 +148,7 @@ impl Engine {
                     .unwrap_or_else(|p| p.into_inner()),
             );
             if tasks.is_empty() {
+                mayfly_sys::cgroup::remove_empty_parents(self.inner.layout());
                 return;
             }
             for t in tasks {

@@ -42,7 +42,6 @@ struct Inner {
     maker: Arc<stubs::StubMaker>,
     /// A one-shot engine's first stub, started before the store was open.
     early_stub: std::sync::Mutex<Option<stubs::EarlyStub>>,
-    layout: CgroupLayout,
     skeleton: PathBuf,
     host: Vec<(&'static str, HostEntry)>,
     sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
@@ -57,6 +56,13 @@ struct Inner {
     _lock: Option<std::fs::File>,
     /// Whether no other daemon owned the state directory at start.
     no_daemon: bool,
+}
+
+impl Inner {
+    /// Where the host's cgroup controllers are (the stub maker's copy).
+    fn layout(&self) -> &CgroupLayout {
+        &self.maker.layout
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -117,7 +123,7 @@ impl Engine {
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         let maker = Arc::new(stubs::StubMaker {
             zygote,
-            layout: layout.clone(),
+            layout,
             default_limits: cfg.default_limits,
             stubs_dir: cfg.stubs_dir(),
             sandboxes_dir: cfg.sandboxes_dir(),
@@ -141,7 +147,6 @@ impl Engine {
             store,
             maker,
             early_stub: std::sync::Mutex::new(early_stub),
-            layout,
             skeleton,
             host,
             sandboxes: RwLock::new(HashMap::new()),
@@ -217,10 +222,6 @@ impl Engine {
             let _ = t.await;
         }
         self.wait_cleanup().await;
-        // The shared `mayfly` cgroup parents are kept between sandboxes (and
-        // between daemonless runs, which would otherwise make and remove
-        // them every time); a daemon leaving removes them if they are empty.
-        mayfly_sys::cgroup::remove_empty_parents(&self.inner.layout);
     }
 
     fn live(&self) -> Vec<Arc<Sandbox>> {

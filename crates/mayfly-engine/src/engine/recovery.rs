@@ -56,7 +56,7 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             keep.insert(rec.id.to_string());
             continue;
         }
-        match plan::cgroup::plan(&inner.layout, &rec.id, &rec.limits) {
+        match plan::cgroup::plan(inner.layout(), &rec.id, &rec.limits) {
             Ok(p) => match mayfly_sys::cgroup::remove(&p) {
                 Ok(()) => {}
                 Err(e) => report.errors.push(format!("{}: {e}", rec.id)),
@@ -80,7 +80,7 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     // tree is shared by every Mayfly instance on the host (another daemon or
     // a daemonless run with its own state directory), so a cgroup with no
     // record here belongs to someone else and is left alone.
-    match mayfly_sys::cgroup::list_leftovers(&inner.layout) {
+    match mayfly_sys::cgroup::list_leftovers(inner.layout()) {
         Ok(dirs) => {
             for d in dirs {
                 let name = d.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -117,7 +117,7 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
                 let _ = std::fs::remove_file(e.path());
                 continue;
             };
-            match plan::cgroup::plan(&inner.layout, &id, &inner.cfg.default_limits) {
+            match plan::cgroup::plan(inner.layout(), &id, &inner.cfg.default_limits) {
                 Ok(p) => match mayfly_sys::cgroup::remove(&p) {
                     Ok(()) => report.cgroups_removed += 1,
                     Err(err) => report.errors.push(format!("{id}: {err}")),

@@ -73,7 +73,9 @@ impl StubMaker {
         // zygote forks the stub.
         let dir = self.sandboxes_dir.join(id.as_str());
         let dir2 = dir.clone();
-        let dirs = tokio::task::spawn_blocking(move || super::create::make_dirs(&dir2, 2));
+        let dirs = tokio::task::spawn_blocking(move || {
+            super::create::make_dirs(&dir2, super::create::STUB_LAYERS)
+        });
         let (made, stub) = tokio::join!(dirs, self.stub_in_cgroups(&id, &cgroup));
         let failure = match (made, stub) {
             (Ok(Ok(())), Ok(stub)) => return Ok(ReadyStub { id, stub, cgroup }),
