@@ -146,6 +146,44 @@ async fn a_daemonless_run_leaves_no_empty_mayfly_cgroup_parent() {
     );
 }
 
+/// Daemonless runs sharing one state directory (parallel CI jobs on one
+/// host) each start with a recovery pass; none may take another's stub,
+/// directories or cgroups for a dead owner's leftovers.
+#[test]
+fn concurrent_daemonless_runs_in_one_state_directory_all_succeed() {
+    common::require_root();
+    let dir = test_dir();
+    for round in 0..2 {
+        let outs: Vec<Output> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..8)
+                .map(|i| {
+                    let dir = &dir;
+                    s.spawn(move || {
+                        let script = format!("sleep 0.2; echo run-{i}");
+                        daemonless(dir, &["run", "--", "sh", "-c", &script])
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("a run thread panicked"))
+                .collect()
+        });
+        for (i, out) in outs.iter().enumerate() {
+            let stdout = expect_exit(out, 0, &format!("concurrent run {i} of round {round}"));
+            assert_eq!(stdout, format!("run-{i}\n"));
+        }
+    }
+    let markers = std::fs::read_dir(dir.path().join("state/stubs"))
+        .map(|r| r.count())
+        .unwrap_or(0);
+    assert_eq!(markers, 0, "stub markers left behind");
+    assert!(
+        sandbox_dirs_left(&dir).is_empty(),
+        "runs left {:?}",
+        sandbox_dirs_left(&dir)
+    );
+}
+
 #[test]
 fn run_json_output_is_an_exec_result() {
     common::require_root();

@@ -63,8 +63,9 @@ impl EngineConfig {
         self.state_dir.join("templates")
     }
 
-    /// One empty file per stub made by this state directory's owners, so
-    /// recovery removes exactly their cgroups and never another daemon's.
+    /// One file per stub made by this state directory's owners, naming the
+    /// owner, so recovery removes exactly the stubs of dead owners and never
+    /// those of another live daemon or `mayfly run`.
     pub fn stubs_dir(&self) -> PathBuf {
         self.state_dir.join("stubs")
     }

@@ -7,6 +7,7 @@ mod create;
 mod destroy;
 mod exec;
 mod leases;
+mod owner;
 mod processes;
 mod recovery;
 mod sandbox;
@@ -46,16 +47,14 @@ struct Inner {
     host: Vec<(&'static str, HostEntry)>,
     sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     shutting_down: AtomicBool,
-    /// (pid, start time) of this process, recorded as every sandbox's owner.
-    owner: (u32, u64),
+    /// This process, recorded as every sandbox's owner.
+    owner: owner::Owner,
     recovery: RecoveryReport,
     /// Background directory removals, awaited by [`Engine::wait_cleanup`].
     cleanups: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     stubs: stubs::StubPool,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
-    /// Whether no other daemon owned the state directory at start.
-    no_daemon: bool,
 }
 
 impl Inner {
@@ -100,8 +99,7 @@ impl Engine {
         // directory with a daemon but leave its unused stubs alone.
         let lock = mayfly_sys::process::try_lock_file(&cfg.state_dir.join("daemon.lock"))
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let no_daemon = lock.is_some();
-        if !no_daemon && cfg.stub_pool > 0 {
+        if lock.is_none() && cfg.stub_pool > 0 {
             return Err(EngineError::Internal(format!(
                 "another Mayfly daemon already owns {}",
                 cfg.state_dir.display()
@@ -121,8 +119,10 @@ impl Engine {
         let host = template::inspect_host(&cfg.host_root);
         let skeleton = template::ensure_host_skeleton(&cfg.templates_dir(), &cfg.host_root, &host)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let owner = owner::Owner::current();
         let maker = Arc::new(stubs::StubMaker {
             zygote,
+            owner,
             layout,
             default_limits: cfg.default_limits,
             stubs_dir: cfg.stubs_dir(),
@@ -140,8 +140,6 @@ impl Engine {
             _ => None,
         };
         let store = Store::open(&cfg.state_dir)?;
-        let me = std::process::id();
-        let owner = (me, mayfly_sys::process::start_time(me).unwrap_or(0));
         let mut inner = Inner {
             cfg,
             store,
@@ -156,7 +154,6 @@ impl Engine {
             cleanups: std::sync::Mutex::new(Vec::new()),
             stubs: stubs::StubPool::default(),
             _lock: lock,
-            no_daemon,
         };
         inner.recovery = recovery::reconcile(&inner);
         Ok(Engine {

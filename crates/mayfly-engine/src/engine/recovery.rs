@@ -8,10 +8,12 @@
 //! they lived only in the dead sandboxes' mount namespaces.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use mayfly_store::SandboxRecord;
 use mayfly_types::SandboxState;
 
+use super::owner::Owner;
 use super::Inner;
 use crate::plan;
 
@@ -29,15 +31,73 @@ pub struct RecoveryReport {
     pub errors: Vec<String>,
 }
 
-fn owner_alive(rec: &SandboxRecord, me: (u32, u64)) -> bool {
-    if (rec.owner_pid, rec.owner_start) == me {
-        return false;
+fn owner_alive(rec: &SandboxRecord, me: Owner) -> bool {
+    let owner = Owner {
+        pid: rec.owner_pid,
+        start: rec.owner_start,
+    };
+    owner != me && owner.is_alive()
+}
+
+/// The names in a directory; none when it cannot be read.
+fn names(dir: &Path) -> Vec<(String, PathBuf)> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes a directory tree; one already gone (its live owner finished
+/// with it meanwhile) is no error.
+fn remove_tree(path: &Path, report: &mut RecoveryReport) -> bool {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => {
+            report.errors.push(format!("{}: {e}", path.display()));
+            false
+        }
     }
-    mayfly_sys::process::start_time(rec.owner_pid) == Some(rec.owner_start)
 }
 
 pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     let mut report = RecoveryReport::default();
+    // What exists, listed before any claim is read. Every owner writes its
+    // claim (a stub marker, then a record) before it makes cgroups or
+    // directories, and drops it only after removing them, so whatever is
+    // listed here and still claimed is seen as claimed below: another
+    // instance starting or finishing a sandbox meanwhile is never swept.
+    let cgroups = match mayfly_sys::cgroup::list_leftovers(inner.layout()) {
+        Ok(dirs) => dirs,
+        Err(e) => {
+            report.errors.push(format!("listing cgroups: {e}"));
+            Vec::new()
+        }
+    };
+    let dirs = names(&inner.cfg.sandboxes_dir());
+    let trash = names(&inner.cfg.trash_dir());
+    // Claims: stub markers of live owners (this engine's early stub among
+    // them), then records of live owners.
+    let mut keep: HashSet<String> = HashSet::new();
+    let mut dead_stubs = Vec::new();
+    for (name, path) in names(&inner.cfg.stubs_dir()) {
+        let Ok(id) = name.parse::<mayfly_types::SandboxId>() else {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        let owner = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| Owner::parse_marker(&t));
+        if owner.is_some_and(|o| o.is_alive()) {
+            keep.insert(name);
+        } else {
+            dead_stubs.push((id, path));
+        }
+    }
     let records = match inner.store.list_sandboxes(false) {
         Ok(r) => r,
         Err(e) => {
@@ -45,11 +105,6 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             Vec::new()
         }
     };
-    let mut keep: HashSet<String> = HashSet::new();
-    // This engine's own early stub is being made while this runs.
-    if let Some(early) = &*inner.early_stub.lock().unwrap_or_else(|p| p.into_inner()) {
-        keep.insert(early.id.to_string());
-    }
     for rec in records {
         if owner_alive(&rec, inner.owner) {
             report.foreign_live += 1;
@@ -76,80 +131,48 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             );
         }
     }
+    // Stubs a dead owner made and never used (they have no record).
+    for (id, marker) in &dead_stubs {
+        if keep.contains(id.as_str()) {
+            // A record took the stub over; its owner is alive.
+            continue;
+        }
+        match plan::cgroup::plan(inner.layout(), id, &inner.cfg.default_limits) {
+            Ok(p) => match mayfly_sys::cgroup::remove(&p) {
+                Ok(()) => report.cgroups_removed += 1,
+                Err(err) => report.errors.push(format!("{id}: {err}")),
+            },
+            Err(err) => report.errors.push(format!("{id}: {err}")),
+        }
+        let _ = std::fs::remove_file(marker);
+    }
     // Cgroups of this store's sandboxes that nobody alive claims. The cgroup
     // tree is shared by every Mayfly instance on the host (another daemon or
     // a daemonless run with its own state directory), so a cgroup with no
     // record here belongs to someone else and is left alone.
-    match mayfly_sys::cgroup::list_leftovers(inner.layout()) {
-        Ok(dirs) => {
-            for d in dirs {
-                let name = d.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                let ours = name
-                    .parse::<mayfly_types::SandboxId>()
-                    .ok()
-                    .is_some_and(|id| matches!(inner.store.get_sandbox(&id), Ok(Some(_))));
-                if keep.contains(name) || !ours {
-                    continue;
-                }
-                match mayfly_sys::cgroup::remove_dir(&d) {
-                    Ok(()) => report.cgroups_removed += 1,
-                    Err(e) => report.errors.push(format!("{}: {e}", d.display())),
-                }
-            }
+    for d in cgroups {
+        let name = d.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ours = name
+            .parse::<mayfly_types::SandboxId>()
+            .ok()
+            .is_some_and(|id| matches!(inner.store.get_sandbox(&id), Ok(Some(_))));
+        if keep.contains(name) || !ours || !d.exists() {
+            continue;
         }
-        Err(e) => report.errors.push(format!("listing cgroups: {e}")),
-    }
-    // Stubs a dead owner of this state directory made and never used (they
-    // have no record; their markers name them).
-    let stub_markers = if inner.no_daemon {
-        std::fs::read_dir(inner.cfg.stubs_dir()).ok()
-    } else {
-        // A live daemon owns the directory: its stubs are not ours to sweep.
-        None
-    };
-    if let Some(entries) = stub_markers {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if keep.contains(&name) {
-                continue;
-            }
-            let Ok(id) = name.parse::<mayfly_types::SandboxId>() else {
-                let _ = std::fs::remove_file(e.path());
-                continue;
-            };
-            match plan::cgroup::plan(inner.layout(), &id, &inner.cfg.default_limits) {
-                Ok(p) => match mayfly_sys::cgroup::remove(&p) {
-                    Ok(()) => report.cgroups_removed += 1,
-                    Err(err) => report.errors.push(format!("{id}: {err}")),
-                },
-                Err(err) => report.errors.push(format!("{id}: {err}")),
-            }
-            let _ = std::fs::remove_file(e.path());
+        match mayfly_sys::cgroup::remove_dir(&d) {
+            Ok(()) => report.cgroups_removed += 1,
+            Err(e) => report.errors.push(format!("{}: {e}", d.display())),
         }
     }
-    // Directories: sandbox dirs nobody claims, and the trash.
-    let sandboxes = inner.cfg.sandboxes_dir();
-    if let Ok(entries) = std::fs::read_dir(&sandboxes) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            // A live daemon's idle stubs have directories but no record.
-            let live_stub = !inner.no_daemon && inner.cfg.stubs_dir().join(&name).exists();
-            if keep.contains(&name) || live_stub {
-                continue;
-            }
-            match std::fs::remove_dir_all(e.path()) {
-                Ok(()) => report.dirs_removed += 1,
-                Err(err) => report.errors.push(format!("{}: {err}", e.path().display())),
-            }
+    // Directories nobody alive claims, and what a crash left in the trash.
+    for (name, path) in dirs {
+        if !keep.contains(&name) && remove_tree(&path, &mut report) {
+            report.dirs_removed += 1;
         }
     }
-    // The trash directory stays; what a crash left in it goes.
-    let trash = inner.cfg.trash_dir();
-    if let Ok(entries) = std::fs::read_dir(&trash) {
-        for e in entries.flatten() {
-            if let Err(err) = std::fs::remove_dir_all(e.path()) {
-                report.errors.push(format!("{}: {err}", e.path().display()));
-            }
+    for (name, path) in trash {
+        if !keep.contains(&name) {
+            remove_tree(&path, &mut report);
         }
     }
     if report != RecoveryReport::default() {

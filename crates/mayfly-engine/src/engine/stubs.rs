@@ -34,6 +34,8 @@ pub(crate) struct StubPool {
 /// before the engine has finished opening (see [`Engine::new`]).
 pub(crate) struct StubMaker {
     pub zygote: Zygote,
+    /// Named in every stub marker, so only this process's death frees them.
+    pub owner: super::owner::Owner,
     pub layout: CgroupLayout,
     pub default_limits: ResolvedLimits,
     pub stubs_dir: PathBuf,
@@ -66,7 +68,7 @@ impl StubMaker {
         // Written before any cgroup exists, so recovery after a crash finds
         // and removes them.
         let marker = self.stubs_dir.join(id.as_str());
-        std::fs::write(&marker, b"")
+        std::fs::write(&marker, self.owner.marker())
             .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
         // The directories of the `host` template (a root and /usr overlay),
         // made now rather than on the create's critical path, while the
