@@ -151,6 +151,16 @@ impl Store {
         })
     }
 
+    /// Copies the WAL into the database and truncates it to nothing, so
+    /// the next process to open the store alone has no WAL to replay. Costs
+    /// an fsync; for processes off every caller's path (a reaper). A busy
+    /// database (a reader or writer elsewhere) just leaves the WAL as it is.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
     /// The connection. A panic while it was held cannot leave a transaction
     /// open (rusqlite rolls back on drop), so a poisoned lock is still safe.
     fn conn(&self) -> MutexGuard<'_, Connection> {

@@ -190,6 +190,26 @@ impl Store {
         })
     }
 
+    /// Moves a sandbox to `Stopping` and hands it to a new owner (the
+    /// detached reaper that finishes destroying it), in one transaction: a
+    /// recovery that runs meanwhile sees a live owner, or, once the reaper
+    /// has died unfinished, a dead one.
+    pub fn stop_and_hand_over(
+        &self,
+        id: &SandboxId,
+        reason: &str,
+        owner_pid: u32,
+        owner_start: u64,
+    ) -> Result<(), StoreError> {
+        self.transition_then(id, SandboxState::Stopping, Some(reason), |tx, _| {
+            tx.prepare_cached(
+                "UPDATE sandboxes SET owner_pid = ?2, owner_start = ?3 WHERE id = ?1",
+            )?
+            .execute(params![id.as_str(), owner_pid, owner_start])?;
+            Ok(())
+        })
+    }
+
     /// Records the init's host pid and how long the create took.
     pub fn set_ready_info(
         &self,

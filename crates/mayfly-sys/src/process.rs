@@ -289,6 +289,24 @@ pub fn reset_signals() {
     }
 }
 
+/// Points stdin, stdout and stderr at `/dev/null` (best effort): for a
+/// process that outlives its parent and must not keep the parent's pipes
+/// or terminal open.
+pub fn stdio_to_dev_null() {
+    let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    else {
+        return;
+    };
+    for target in 0..3 {
+        // SAFETY: dup2 onto the standard descriptors; `null` stays valid
+        // for the call and is closed when dropped.
+        unsafe { libc::dup2(null.as_raw_fd(), target) };
+    }
+}
+
 /// Starts a new session with the caller as its leader.
 pub fn setsid() -> Result<(), ProcessError> {
     // SAFETY: plain syscall.
@@ -332,6 +350,29 @@ pub fn set_child_subreaper() -> Result<(), ProcessError> {
         return Err(call("prctl(PR_SET_CHILD_SUBREAPER)"));
     }
     Ok(())
+}
+
+/// Waits until the process behind `pidfd` has exited (its pidfd turns
+/// readable), for at most `timeout`. Whether it exited in time.
+pub fn wait_pidfd(pidfd: BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || last_errno().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
 }
 
 /// Sets SIGCHLD to SIG_IGN, so the kernel reaps children on exit.

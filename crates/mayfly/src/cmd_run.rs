@@ -105,9 +105,15 @@ async fn run_local(
     }
     .await;
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "command done");
-    engine.destroy(&sb.id, &caller).await?;
-    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "destroyed");
-    engine.wait_cleanup().await;
-    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "cleaned up");
+    // Every process of the sandbox is sent SIGKILL before this returns; a
+    // detached reaper removes its directories and cgroups and records it
+    // destroyed (`mayfly ps` shows it `stopping` until then).
+    tracing::debug!(id = %sb.id, caller = %caller.0, "destroy");
+    engine.destroy_detached(&sb.id, "user").await?;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "handed to a reaper");
+    // The process exits next. Closing the store here would checkpoint its
+    // WAL while the caller waits; the reaper's connection closes last and
+    // checkpoints instead (SQLite's WAL needs no close to be durable).
+    std::mem::forget(engine);
     result
 }

@@ -49,7 +49,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         .worker_threads(if needs_engine { 2 } else { 1 })
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         match cli.command {
             Command::Serve(ref a) => cmd_serve::serve(&cli, a, zygote.expect("zygote")).await,
             Command::Run(ref a) => cmd_run::run(&cli, a, zygote).await,
@@ -62,7 +62,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
         }
-    })
+    });
+    // The process exits right after: idle blocking-pool threads are not
+    // waited for.
+    rt.shutdown_background();
+    code
 }
 
 fn init_tracing(daemon: bool) {

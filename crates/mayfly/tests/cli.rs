@@ -9,14 +9,20 @@ use common::{assert_no_leaks, expect_exit, test_dir, text, Daemon, BIN};
 use mayfly_types::{ExecResult, SandboxId, SandboxInfo, SandboxState};
 
 /// The CLI with no daemon: `--socket` names a path nothing listens on.
-fn daemonless(dir: &tempfile::TempDir, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("--socket")
+fn daemonless_cmd(dir: &tempfile::TempDir, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--socket")
         .arg(dir.path().join("no-daemon.sock"))
         .arg("--state-dir")
         .arg(dir.path().join("state"))
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A daemonless CLI call's output.
+fn daemonless(dir: &tempfile::TempDir, args: &[&str]) -> Output {
+    daemonless_cmd(dir, args)
         .output()
         .expect("running the mayfly CLI")
 }
@@ -30,6 +36,50 @@ fn sandbox_dirs_left(dir: &tempfile::TempDir) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Waits (up to 5 s) until every sandbox a daemonless state directory has
+/// seen is recorded `destroyed` and its reaper has exited, then checks that
+/// nothing of them is left on the host.
+/// Returns the records.
+fn assert_runs_cleaned(dir: &tempfile::TempDir) -> Vec<mayfly_store::SandboxRecord> {
+    let state = dir.path().join("state");
+    let store = mayfly_store::Store::open(&state).expect("opening the run's store");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let records = loop {
+        let records = store.list_sandboxes(true).expect("listing sandboxes");
+        let done = records.iter().all(|r| {
+            r.state == SandboxState::Destroyed
+                && mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start)
+        });
+        if done || std::time::Instant::now() >= deadline {
+            break records;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(!records.is_empty(), "no sandbox was recorded");
+    for r in &records {
+        assert_eq!(
+            (r.state, r.reason.as_deref()),
+            (SandboxState::Destroyed, Some("user")),
+            "{} did not end as destroyed by its run",
+            r.id
+        );
+        assert!(
+            mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start),
+            "{}'s reaper (pid {}) still runs after recording it destroyed",
+            r.id,
+            r.owner_pid
+        );
+    }
+    let ids: Vec<String> = records.iter().map(|r| r.id.to_string()).collect();
+    assert_no_leaks(&state, &ids);
+    assert!(
+        sandbox_dirs_left(dir).is_empty(),
+        "runs left {:?}",
+        sandbox_dirs_left(dir)
+    );
+    records
 }
 
 #[test]
@@ -49,15 +99,38 @@ fn run_prints_exactly_the_commands_output_without_a_daemon() {
     let stdout = expect_exit(&out, 0, "mayfly run");
     assert_eq!(stdout, "hello from a sandbox\n");
     assert_eq!(text(&out.stderr), "", "run printed to stderr");
-    assert!(
-        sandbox_dirs_left(&dir).is_empty(),
-        "run left {:?}",
-        sandbox_dirs_left(&dir)
-    );
+    assert_runs_cleaned(&dir);
     // Stdout and stderr stay apart.
     let out = daemonless(&dir, &["run", "--", "sh", "-c", "echo out; echo err >&2"]);
     assert_eq!(expect_exit(&out, 0, "mayfly run"), "out\n");
     assert_eq!(text(&out.stderr), "err\n");
+    assert_runs_cleaned(&dir);
+}
+
+/// `mayfly run` answers once its sandbox is killed and hands the rest of
+/// the destroy to a detached reaper, which the record then names as its
+/// owner; the reaper records the sandbox destroyed and exits.
+#[test]
+fn a_daemonless_run_hands_its_cleanup_to_a_reaper() {
+    common::require_root();
+    let dir = test_dir();
+    let child = daemonless_cmd(&dir, &["run", "--", "sh", "-c", "sleep 30 & echo started"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running the mayfly CLI");
+    let cli_pid = child.id();
+    // Reading stdout and stderr to their end returns only once nothing
+    // holds them: neither the reaper nor the sandbox's own processes (the
+    // background `sleep`) may keep the caller's pipes open.
+    let out = child.wait_with_output().expect("waiting for mayfly run");
+    assert_eq!(expect_exit(&out, 0, "mayfly run"), "started\n");
+    let records = assert_runs_cleaned(&dir);
+    assert_eq!(records.len(), 1);
+    assert_ne!(
+        records[0].owner_pid, cli_pid,
+        "the record still names the CLI, not a reaper, as its owner"
+    );
 }
 
 /// A daemonless run makes its sandbox's stub while it opens the store; when
@@ -67,15 +140,9 @@ fn run_prints_exactly_the_commands_output_without_a_daemon() {
 fn a_refused_daemonless_run_leaves_nothing_behind() {
     common::require_root();
     let dir = test_dir();
-    let out = Command::new(BIN)
-        .arg("--socket")
-        .arg(dir.path().join("no-daemon.sock"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args(["run", "--ttl", "1000d", "--", "true"])
+    let out = daemonless_cmd(&dir, &["run", "--ttl", "1000d", "--", "true"])
         .env("MAYFLY_LOG", "mayfly_engine=debug")
         .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
         .output()
         .expect("running the mayfly CLI");
     let log = text(&out.stderr);
@@ -173,15 +240,11 @@ fn concurrent_daemonless_runs_in_one_state_directory_all_succeed() {
             assert_eq!(stdout, format!("run-{i}\n"));
         }
     }
+    assert_eq!(assert_runs_cleaned(&dir).len(), 16);
     let markers = std::fs::read_dir(dir.path().join("state/stubs"))
         .map(|r| r.count())
         .unwrap_or(0);
     assert_eq!(markers, 0, "stub markers left behind");
-    assert!(
-        sandbox_dirs_left(&dir).is_empty(),
-        "runs left {:?}",
-        sandbox_dirs_left(&dir)
-    );
 }
 
 #[test]
@@ -199,8 +262,7 @@ fn run_json_output_is_an_exec_result() {
         (r.status.exit_code, r.stdout.0.as_slice()),
         (Some(4), b"hi\n".as_slice())
     );
-    let ids: Vec<String> = sandbox_dirs_left(&dir);
-    assert!(ids.is_empty(), "run left {ids:?}");
+    assert_runs_cleaned(&dir);
 }
 
 #[tokio::test]

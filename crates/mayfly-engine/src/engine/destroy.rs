@@ -3,7 +3,7 @@
 //! they exist only in the sandbox's mount namespace, which dies with it.
 
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,61 +64,22 @@ impl Engine {
         }
         // The stub exits by itself once init is gone; this only hurries it.
         sb.stub.kill();
-        // Files first, then cgroups. The overlay is `volatile`, so what the
-        // sandbox wrote is still dirty in the page cache and charged to its
-        // memory cgroup; deleting the files drops those pages without
-        // writeback, so reclaiming the cgroup's charges before rmdir does
-        // not stall behind the disk.
-        let doomed = self.move_to_trash(&sb.dir);
-        let cgroup = sb.cgroup.clone();
+        let trash = self.inner.cfg.trash_dir();
+        let (dir, cgroup, id) = (sb.dir.clone(), sb.cgroup.clone(), sb.id.clone());
         let t_exit = t0.elapsed();
-        let removed = tokio::task::spawn_blocking(move || {
-            let _ = std::fs::remove_dir_all(&doomed);
-            mayfly_sys::cgroup::remove(&cgroup)
-        })
-        .await;
+        let removed =
+            tokio::task::spawn_blocking(move || remove_remains(&id, &trash, &dir, &cgroup)).await;
         tracing::debug!(id = %sb.id, exit = ?t_exit, removed = ?t0.elapsed(), "destroy timings");
-        let cgroup_ok = matches!(removed, Ok(Ok(())));
-        if !cgroup_ok {
-            tracing::error!(id = %sb.id, ?removed, "removing the sandbox's cgroups failed");
-        }
+        let cgroup_ok = matches!(removed, Ok(true));
         self.inner
             .sandboxes
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&sb.id);
-        let (state, why) = if cgroup_ok {
-            (SandboxState::Destroyed, reason.to_owned())
-        } else {
-            (
-                SandboxState::Failed,
-                format!("{reason}; cgroup removal failed"),
-            )
-        };
-        store.transition_with_event(
-            &sb.id,
-            state,
-            Some(&why),
-            ("destroyed", &serde_json::json!({"reason": why})),
-        )?;
+        record_end(store, &sb.id, reason, cgroup_ok)?;
         sb.done.store(true, Ordering::SeqCst);
         sb.destroyed.notify_waiters();
         self.info(&sb.id)
-    }
-
-    /// Moves a sandbox directory into the trash (so a crash mid-removal
-    /// leaves it where recovery empties it) and returns where it now is.
-    /// Deleting it with `remove_dir_all` never follows symlinks, so an upper
-    /// layer full of links planted by the sandbox cannot redirect it.
-    fn move_to_trash(&self, dir: &Path) -> std::path::PathBuf {
-        let trash = self.inner.cfg.trash_dir();
-        let name = dir.file_name().map(|n| n.to_owned()).unwrap_or_default();
-        let target = trash.join(name);
-        if std::fs::rename(dir, &target).is_ok() {
-            target
-        } else {
-            dir.to_path_buf()
-        }
     }
 
     /// Remembers a background cleanup so [`Engine::wait_cleanup`] can await it.
@@ -159,7 +120,9 @@ impl Engine {
 
     pub(crate) async fn cleanup_failed(&self, id: &SandboxId, cgroup: &CgroupPlan, dir: &Path) {
         let cgroup = cgroup.clone();
-        let doomed = dir.exists().then(|| self.move_to_trash(dir));
+        let doomed = dir
+            .exists()
+            .then(|| move_to_trash(&self.inner.cfg.trash_dir(), dir));
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(d) = doomed {
                 let _ = std::fs::remove_dir_all(&d);
@@ -199,4 +162,68 @@ pub(crate) fn record_to_info(rec: mayfly_store::SandboxRecord) -> SandboxInfo {
         reason: rec.reason,
         create_ms: rec.create_ms,
     }
+}
+
+/// Moves a sandbox directory into the trash (so a crash mid-removal leaves
+/// it where recovery empties it) and returns where it now is.
+fn move_to_trash(trash: &Path, dir: &Path) -> PathBuf {
+    let name = dir.file_name().map(|n| n.to_owned()).unwrap_or_default();
+    let target = trash.join(name);
+    if std::fs::rename(dir, &target).is_ok() {
+        target
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// The blocking half of every destroy, in the daemon and in a reaper:
+/// delete the sandbox's directory, then remove its cgroups. Whether the
+/// cgroups are gone.
+///
+/// Files go first: the overlay is `volatile`, so what the sandbox wrote is
+/// still dirty in the page cache and charged to its memory cgroup; deleting
+/// the files drops those pages without writeback, so reclaiming the
+/// cgroup's charges before rmdir does not stall behind the disk. Deleting
+/// with `remove_dir_all` never follows symlinks, so an upper layer full of
+/// links planted by the sandbox cannot redirect it.
+pub(crate) fn remove_remains(
+    id: &SandboxId,
+    trash: &Path,
+    dir: &Path,
+    cgroup: &CgroupPlan,
+) -> bool {
+    let doomed = move_to_trash(trash, dir);
+    let _ = std::fs::remove_dir_all(&doomed);
+    match mayfly_sys::cgroup::remove(cgroup) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(%id, error = %e, "removing the sandbox's cgroups failed");
+            false
+        }
+    }
+}
+
+/// Records the end of a destroy: `destroyed`, or `failed` when the cgroups
+/// could not be removed, with a `destroyed` event.
+pub(crate) fn record_end(
+    store: &mayfly_store::Store,
+    id: &SandboxId,
+    reason: &str,
+    cgroup_ok: bool,
+) -> Result<(), EngineError> {
+    let (state, why) = if cgroup_ok {
+        (SandboxState::Destroyed, reason.to_owned())
+    } else {
+        (
+            SandboxState::Failed,
+            format!("{reason}; cgroup removal failed"),
+        )
+    };
+    store.transition_with_event(
+        id,
+        state,
+        Some(&why),
+        ("destroyed", &serde_json::json!({"reason": why})),
+    )?;
+    Ok(())
 }

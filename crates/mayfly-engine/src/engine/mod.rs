@@ -9,6 +9,7 @@ mod exec;
 mod leases;
 mod owner;
 mod processes;
+pub(crate) mod reaper;
 mod recovery;
 mod sandbox;
 mod stubs;

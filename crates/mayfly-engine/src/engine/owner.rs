@@ -22,6 +22,11 @@ impl Owner {
         }
     }
 
+    /// Another live process; None once it has exited.
+    pub fn of(pid: u32) -> Option<Owner> {
+        mayfly_sys::process::start_time(pid).map(|start| Owner { pid, start })
+    }
+
     /// Whether the process still runs (a zombie does not count).
     pub fn is_alive(&self) -> bool {
         mayfly_sys::process::start_time(self.pid) == Some(self.start)

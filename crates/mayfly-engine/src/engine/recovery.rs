@@ -85,6 +85,10 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     let mut keep: HashSet<String> = HashSet::new();
     let mut dead_stubs = Vec::new();
     for (name, path) in names(&inner.cfg.stubs_dir()) {
+        if name.starts_with('.') {
+            // A marker being written (see `StubMaker::make`).
+            continue;
+        }
         let Ok(id) = name.parse::<mayfly_types::SandboxId>() else {
             let _ = std::fs::remove_file(&path);
             continue;

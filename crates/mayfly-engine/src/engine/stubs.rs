@@ -68,7 +68,12 @@ impl StubMaker {
         // Written before any cgroup exists, so recovery after a crash finds
         // and removes them.
         let marker = self.stubs_dir.join(id.as_str());
-        std::fs::write(&marker, self.owner.marker())
+        // Written whole under a temporary name, then renamed: a recovery
+        // running meanwhile must never read it empty and take it for a
+        // dead owner's.
+        let temp = self.stubs_dir.join(format!(".{}", id.as_str()));
+        std::fs::write(&temp, self.owner.marker())
+            .and_then(|()| std::fs::rename(&temp, &marker))
             .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
         // The directories of the `host` template (a root and /usr overlay),
         // made now rather than on the create's critical path, while the

@@ -40,14 +40,42 @@ pub enum ZygoteRequest {
     /// Fork a stub for the future sandbox `id` (its hostname). The stub
     /// moves itself into the cgroups whose `tasks` files are listed (v1).
     ForkStub { id: String, join: Vec<PathBuf> },
+    /// Fork a detached reaper that finishes destroying a killed sandbox
+    /// after the requester has gone (see `engine::reaper`). Carries two
+    /// descriptors: the sandbox's init pidfd and its stub's pidfd.
+    Reap { plan: Box<ReapPlan> },
+}
+
+/// What a reaper removes and records. Built by the engine from a live
+/// sandbox whose init it has just killed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReapPlan {
+    pub id: mayfly_types::SandboxId,
+    /// The sandbox's directory, moved into `trash` before it is deleted.
+    pub dir: PathBuf,
+    pub trash: PathBuf,
+    pub cgroup: mayfly_sys::cgroup::CgroupPlan,
+    /// For removing the shared `mayfly` cgroup parents once empty.
+    pub layout: mayfly_sys::cgroup::CgroupLayout,
+    /// Where the store is, to record the sandbox destroyed.
+    pub state_dir: PathBuf,
+    pub reason: String,
 }
 
 /// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and
 /// the daemon's end of the stub's socket.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ZygoteReply {
-    Forked { pid: i32 },
-    Failed { message: String },
+    Forked {
+        pid: i32,
+    },
+    /// A reaper is on its way; no descriptors.
+    Detached {
+        pid: i32,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 /// Stub → daemon, in answer to a [`SpawnPlan`]. `Spawned` carries two

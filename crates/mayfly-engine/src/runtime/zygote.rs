@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use mayfly_sys::{ipc, process};
 
 use super::channel::AsyncSeq;
-use super::proto::{ZygoteReply, ZygoteRequest};
+use super::proto::{ReapPlan, ZygoteReply, ZygoteRequest};
 use super::stub::{stub_main, StubHandle};
 use super::RuntimeError;
 
@@ -29,14 +29,6 @@ impl Zygote {
     /// Call this before any other thread exists (before the tokio runtime
     /// is built): the zygote inherits a copy of the calling thread only.
     pub fn start() -> Result<Zygote, RuntimeError> {
-        // Compiled here, before the fork, so every init inherits it.
-        super::compiled_filter().map_err(RuntimeError::Setup)?;
-        // Stubs and inits run this binary's code inside sandbox cgroups;
-        // cached now, its pages are charged here and not to a sandbox (see
-        // `mayfly_sys::image`). Only an optimisation, so a failure is logged.
-        if let Err(e) = mayfly_sys::image::readahead_own_image() {
-            tracing::debug!(error = %e, "reading the executable ahead failed");
-        }
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.
@@ -56,16 +48,15 @@ impl Zygote {
         }
     }
 
-    /// Asks the zygote for a new stub for the future sandbox `id`, and waits
-    /// until the stub has prepared its namespaces.
-    pub async fn fork_stub(
+    /// Sends one request and waits for the answer, making the async
+    /// wrapper of the socket on first use (inside the runtime).
+    async fn ask(
         &self,
-        id: &str,
-        join: &[std::path::PathBuf],
-    ) -> Result<StubHandle, RuntimeError> {
+        req: &ZygoteRequest,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(ZygoteReply, Vec<OwnedFd>), RuntimeError> {
         let mut guard = self.chan.lock().await;
         if guard.is_none() {
-            // The async wrapper is made lazily, inside the runtime.
             let sock = self
                 .sock
                 .lock()
@@ -75,23 +66,52 @@ impl Zygote {
             *guard = Some(AsyncSeq::new(sock)?);
         }
         let chan = guard.as_ref().ok_or(RuntimeError::ZygoteGone)?;
-        let req = serde_json::to_vec(&ZygoteRequest::ForkStub {
+        let req = serde_json::to_vec(req).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        chan.send(&req, fds)?;
+        let (data, fds) = chan.recv().await?;
+        let reply = serde_json::from_slice::<ZygoteReply>(&data)
+            .map_err(|e| RuntimeError::Protocol(format!("bad zygote reply: {e}")))?;
+        Ok((reply, fds))
+    }
+
+    /// Asks the zygote for a new stub for the future sandbox `id`, and waits
+    /// until the stub has prepared its namespaces.
+    pub async fn fork_stub(
+        &self,
+        id: &str,
+        join: &[std::path::PathBuf],
+    ) -> Result<StubHandle, RuntimeError> {
+        let req = ZygoteRequest::ForkStub {
             id: id.to_owned(),
             join: join.to_vec(),
-        })
-        .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
-        chan.send(&req, &[])?;
-        let (data, mut fds) = chan.recv().await?;
-        match serde_json::from_slice::<ZygoteReply>(&data) {
-            Ok(ZygoteReply::Forked { pid }) if fds.len() == 2 => {
+        };
+        match self.ask(&req, &[]).await? {
+            (ZygoteReply::Forked { pid }, mut fds) if fds.len() == 2 => {
                 let sock = fds.pop().ok_or(RuntimeError::ZygoteGone)?;
                 let pidfd = fds.pop().ok_or(RuntimeError::ZygoteGone)?;
-                drop(guard);
                 let stub = StubHandle::new(pid, pidfd, sock)?;
                 stub.wait_prepared().await?;
                 Ok(stub)
             }
-            Ok(ZygoteReply::Failed { message }) => Err(RuntimeError::Setup(message)),
+            (ZygoteReply::Failed { message }, _) => Err(RuntimeError::Setup(message)),
+            _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
+        }
+    }
+
+    /// Has the zygote fork a detached reaper for a killed sandbox; returns
+    /// the reaper's pid. The reaper outlives this process.
+    pub async fn fork_reaper(
+        &self,
+        plan: &ReapPlan,
+        init_pidfd: std::os::fd::BorrowedFd<'_>,
+        stub_pidfd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<i32, RuntimeError> {
+        let req = ZygoteRequest::Reap {
+            plan: Box::new(plan.clone()),
+        };
+        match self.ask(&req, &[init_pidfd, stub_pidfd]).await? {
+            (ZygoteReply::Detached { pid }, _) => Ok(pid),
+            (ZygoteReply::Failed { message }, _) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
         }
     }
@@ -104,6 +124,22 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
         process::exit_now(1);
     }
     process::wipe_cmdline_and_environ("mayfly-zygote");
+    // Nothing the zygote forks (stubs, inits, reapers) may hold the
+    // caller's descriptors: not its terminal or the pipes a caller reads to
+    // their end (`out=$(mayfly run …)` would wait for the sandbox's
+    // teardown), nor anything it inherited from its own parent.
+    process::stdio_to_dev_null();
+    {
+        use std::os::fd::AsRawFd;
+        process::close_fds_except(3, &[sock.as_raw_fd()]);
+    }
+    // Compiled here, while the parent goes on starting up, so every init
+    // inherits it; an init reports a failure to compile as its setup error.
+    let _ = super::compiled_filter();
+    // Stubs and inits run this binary's code inside sandbox cgroups; cached
+    // now, its pages are charged here and not to a sandbox (see
+    // `mayfly_sys::image`). Only an optimisation, so a failure is ignored.
+    let _ = mayfly_sys::image::readahead_own_image();
     // Stubs, and inits orphaned when their stub dies first, are reaped by
     // the kernel at once (SIGCHLD ignored, and this process is their
     // subreaper rather than the host's pid 1); the daemon watches them
@@ -112,22 +148,58 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
     process::ignore_children();
     let mut buf = Vec::new();
     loop {
-        if ipc::recv(sock.as_fd(), &mut buf, false).is_err() {
+        let Ok(fds) = ipc::recv(sock.as_fd(), &mut buf, false) else {
             process::exit_now(0);
-        }
-        let reply = match serde_json::from_slice::<ZygoteRequest>(&buf) {
-            Ok(ZygoteRequest::ForkStub { id, join }) => fork_stub(&id, &join),
-            Err(e) => Err(format!("bad request: {e}")),
         };
-        let sent = match reply {
-            Ok((pid, pidfd, stub_sock)) => serde_json::to_vec(&ZygoteReply::Forked { pid })
-                .map(|m| ipc::send(sock.as_fd(), &m, &[pidfd.as_fd(), stub_sock.as_fd()])),
-            Err(message) => serde_json::to_vec(&ZygoteReply::Failed { message })
-                .map(|m| ipc::send(sock.as_fd(), &m, &[])),
+        let sent = match serde_json::from_slice::<ZygoteRequest>(&buf) {
+            Ok(ZygoteRequest::ForkStub { id, join }) => match fork_stub(&id, &join) {
+                Ok((pid, pidfd, stub_sock)) => serde_json::to_vec(&ZygoteReply::Forked { pid })
+                    .map(|m| ipc::send(sock.as_fd(), &m, &[pidfd.as_fd(), stub_sock.as_fd()])),
+                Err(message) => failed(sock.as_fd(), message),
+            },
+            Ok(ZygoteRequest::Reap { plan }) => match fork_reaper(*plan, fds) {
+                Ok(pid) => serde_json::to_vec(&ZygoteReply::Detached { pid })
+                    .map(|m| ipc::send(sock.as_fd(), &m, &[])),
+                Err(message) => failed(sock.as_fd(), message),
+            },
+            Err(e) => failed(sock.as_fd(), format!("bad request: {e}")),
         };
         if !matches!(sent, Ok(Ok(()))) {
             process::exit_now(0);
         }
+    }
+}
+
+fn failed(
+    sock: std::os::fd::BorrowedFd<'_>,
+    message: String,
+) -> Result<Result<(), ipc::IpcError>, serde_json::Error> {
+    serde_json::to_vec(&ZygoteReply::Failed { message }).map(|m| ipc::send(sock, &m, &[]))
+}
+
+/// Forks a reaper: a new session, no parent-death signal (a fork clears
+/// it), its standard streams on `/dev/null` so it never holds a pipe the
+/// requester's caller reads to its end, and no descriptor but the two pidfds.
+fn fork_reaper(plan: ReapPlan, mut fds: Vec<OwnedFd>) -> Result<i32, String> {
+    if fds.len() != 2 {
+        return Err(format!(
+            "a reap request carries 2 descriptors, not {}",
+            fds.len()
+        ));
+    }
+    let stub = fds.pop().ok_or("no stub pidfd")?;
+    let init = fds.pop().ok_or("no init pidfd")?;
+    // SAFETY: the zygote is single-threaded.
+    match unsafe { process::fork() }.map_err(|e| super::chain(&e))? {
+        process::Forked::Child => {
+            use std::os::fd::AsRawFd;
+            let _ = process::setsid();
+            process::reset_signals();
+            process::stdio_to_dev_null();
+            process::close_fds_except(3, &[init.as_raw_fd(), stub.as_raw_fd()]);
+            crate::engine::reaper::reaper_main(plan, init, stub)
+        }
+        process::Forked::Parent { pid } => Ok(pid),
     }
 }
 
@@ -138,7 +210,10 @@ fn fork_stub(id: &str, join: &[std::path::PathBuf]) -> Result<(i32, OwnedFd, Own
     // that also hands back a pidfd atomically.
     match unsafe { process::clone_into_namespaces(0) }.map_err(|e| super::chain(&e))? {
         (process::Forked::Child, _) => {
+            use std::os::fd::AsRawFd;
             drop(ours);
+            // Not the zygote's own socket, nor anything else it holds.
+            process::close_fds_except(3, &[theirs.as_raw_fd()]);
             stub_main(theirs, me, id, join)
         }
         (process::Forked::Parent { pid }, Some(pidfd)) => Ok((pid, pidfd, ours)),

@@ -5,6 +5,10 @@ use std::path::Path;
 
 use super::{CgroupError, CgroupPlan, CgroupUsage, CpuUsageFile};
 
+/// How many times a sandbox cgroup's mkdir is retried after its shared
+/// parent vanished.
+const PARENT_RETRIES: u32 = 8;
+
 /// Creates the plan's directories and performs its writes, in order.
 ///
 /// Existing directories are reused: the shared parents always exist after the
@@ -18,14 +22,22 @@ pub fn apply(plan: &CgroupPlan) -> Result<(), CgroupError> {
     let result = plan
         .sandbox_dirs
         .iter()
-        .try_for_each(|dir| match mkdir(dir) {
-            // Another instance removed the (then empty) shared parent
-            // between our two mkdirs: make it again, once.
-            Err(CgroupError::Mkdir { source, .. }) if source.kind() == ErrorKind::NotFound => {
-                plan.shared_dirs.iter().try_for_each(|p| mkdir(p))?;
-                mkdir(dir)
+        .try_for_each(|dir| {
+            // Another instance may remove the (then empty) shared parent
+            // between our two mkdirs: make it again. Each retry's window is
+            // two syscalls wide, so a few suffice under any churn.
+            let mut tries = 0;
+            loop {
+                match mkdir(dir) {
+                    Err(CgroupError::Mkdir { source, .. })
+                        if source.kind() == ErrorKind::NotFound && tries < PARENT_RETRIES =>
+                    {
+                        tries += 1;
+                        plan.shared_dirs.iter().try_for_each(|p| mkdir(p))?;
+                    }
+                    r => return r,
+                }
             }
-            r => r,
         })
         .and_then(|()| {
             plan.writes

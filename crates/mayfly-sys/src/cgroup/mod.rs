@@ -33,7 +33,7 @@ pub const PARENT_DIR: &str = "mayfly";
 pub const ID_PREFIX: &str = "mf-";
 
 /// Where the host's cgroup controllers live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CgroupLayout {
     /// The unified hierarchy, with memory, cpu and pids available at `root`.
     V2 { root: PathBuf },
@@ -49,14 +49,14 @@ pub enum CgroupLayout {
 }
 
 /// Which kind of hierarchy a plan targets; decides how tasks are killed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CgroupVersion {
     V1,
     V2,
 }
 
 /// One write into a cgroup control file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CgroupWrite {
     pub file: PathBuf,
     pub value: String,
@@ -72,7 +72,7 @@ impl CgroupWrite {
 }
 
 /// Where a sandbox's CPU time is accounted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CpuUsageFile {
     /// v2 `cpu.stat`, whose `usage_usec` line is in microseconds.
     StatUsec(PathBuf),
@@ -81,7 +81,7 @@ pub enum CpuUsageFile {
 }
 
 /// The files [`read_usage`] reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UsageFiles {
     pub memory_current: PathBuf,
     /// Missing on v2 kernels older than 5.19; then the peak is not reported.
@@ -96,7 +96,7 @@ pub struct UsageFiles {
 /// [`apply`] creates `shared_dirs` (kept forever; existing is fine), then
 /// `sandbox_dirs`, then performs `writes` in order. [`remove`] deletes only
 /// `sandbox_dirs`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CgroupPlan {
     pub version: CgroupVersion,
     pub shared_dirs: Vec<PathBuf>,
