@@ -10,7 +10,7 @@ use crate::density::{Density, FIELDS};
 use crate::stats::{paired_ratio_median, Samples, Summary};
 
 /// Every series the bench can produce, in report order, with its label.
-const MEASURES: [(&str, &str); 15] = [
+const MEASURES: [(&str, &str); 16] = [
     ("create", "create→ready, API round trip"),
     ("create_daemon", "create→ready, daemon's own `create_ms`"),
     ("destroy", "destroy, API returns"),
@@ -22,6 +22,10 @@ const MEASURES: [(&str, &str); 15] = [
     ("exec_daemon", "exec `true`, daemon's own `duration_us`"),
     ("fork_exec", "fork+exec `/bin/true` (floor)"),
     ("run_mayfly", "`mayfly run -- /bin/true`, daemonless"),
+    (
+        "run_mayfly_cleanup",
+        "… until its reaper has removed everything (not a peer measure)",
+    ),
     ("run_bwrap", "`bwrap --unshare-all … /bin/true`"),
     ("run_runc", "`runc run` (busybox bundle)"),
     ("run_podman", "`podman --runtime runc run --rm`"),
@@ -240,6 +244,11 @@ impl Report {
         let mut rows = Vec::new();
         for (a, b, label) in [
             ("run_mayfly", "run_bwrap", "mayfly run / bwrap"),
+            (
+                "run_mayfly_cleanup",
+                "run_bwrap",
+                "mayfly run until its reaper is done / bwrap",
+            ),
             ("run_mayfly", "run_unshare", "mayfly run / unshare floor"),
             ("run_mayfly", "run_runc", "mayfly run / runc"),
             ("run_podman", "run_mayfly", "podman / mayfly run"),

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 
@@ -153,6 +153,7 @@ pub fn measure(
     let scratch = Scratch::new("run")?;
     let state = scratch.path.join("state");
     let mut tools = tools(setup, &state, iterations, report);
+    let mut cleaned = Samples::new();
     let n = tools.len();
     for i in 0..warmup + iterations {
         for k in 0..n {
@@ -189,6 +190,20 @@ pub fn measure(
             if i >= warmup {
                 t.samples.push_at(i - warmup, took.as_secs_f64() * 1e3);
             }
+            if t.key == "run_mayfly" {
+                // `mayfly run` exits once its sandbox is killed; a reaper
+                // finishes the destroy. The next tool starts only after
+                // that, so no peer is timed while Mayfly's cleanup runs.
+                match wait_run_cleaned(&state, start, Duration::from_secs(10)) {
+                    Some(all) if i >= warmup => {
+                        cleaned.push_at(i - warmup, all.as_secs_f64() * 1e3)
+                    }
+                    Some(_) => {}
+                    None => report.note(format!(
+                        "A daemonless run's cleanup did not finish within 10 s (iteration {i})."
+                    )),
+                }
+            }
         }
     }
     for t in tools {
@@ -196,8 +211,37 @@ pub fn measure(
             report.add(t.key, t.samples);
         }
     }
+    report.add("run_mayfly_cleanup", cleaned);
     leftovers(&state, report);
     Ok(())
+}
+
+/// Polls until a daemonless run's sandbox is fully gone: no directory under
+/// `sandboxes/` or `trash/`, and no sandbox cgroup on the host (nothing else
+/// makes any while the bench runs). The time since `since`, or `None` after
+/// `limit`.
+fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Duration> {
+    let empty = |d: PathBuf| std::fs::read_dir(d).map_or(true, |mut e| e.next().is_none());
+    // v1 hierarchies, and the v2 root.
+    let no_cgroups = || {
+        ["memory/mayfly", "pids/mayfly", "cpu/mayfly", "mayfly"]
+            .iter()
+            .all(|p| {
+                std::fs::read_dir(Path::new("/sys/fs/cgroup").join(p)).map_or(true, |d| {
+                    !d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with("mf-"))
+                })
+            })
+    };
+    loop {
+        if empty(state.join("sandboxes")) && empty(state.join("trash")) && no_cgroups() {
+            return Some(since.elapsed());
+        }
+        if since.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
 }
 
 /// A daemonless run must leave its state directory without sandboxes.

@@ -30,6 +30,8 @@ pub use sandboxes::{SandboxRecord, Transition};
 /// The database file's name inside the state directory.
 pub const DB_FILE: &str = "mayfly.db";
 
+/// How long [`Store::checkpoint`] waits for other connections.
+const CHECKPOINT_WAIT: Duration = Duration::from_millis(50);
 /// How long a write waits for another process's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -152,12 +154,18 @@ impl Store {
     }
 
     /// Copies the WAL into the database and truncates it to nothing, so
-    /// the next process to open the store alone has no WAL to replay. Costs
-    /// an fsync; for processes off every caller's path (a reaper). A busy
-    /// database (a reader or writer elsewhere) just leaves the WAL as it is.
+    /// the next process to open the store alone has no WAL to replay. For
+    /// processes off every caller's path (a reaper): the next write then
+    /// starts a new WAL, and syncs its header and the directory, which is
+    /// why a reaper checkpoints *before* its own write. Waits at most
+    /// `CHECKPOINT_WAIT` for other connections' transactions; a busy store
+    /// just keeps its WAL.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
-        self.conn()
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        let conn = self.conn();
+        conn.busy_timeout(CHECKPOINT_WAIT)?;
+        let done = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        done?;
         Ok(())
     }
 

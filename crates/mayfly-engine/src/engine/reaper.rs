@@ -94,6 +94,10 @@ pub(crate) fn reaper_main(plan: ReapPlan, init: OwnedFd, stub: OwnedFd) -> ! {
     let _ = process::pidfd_send_signal(stub.as_fd(), libc::SIGKILL);
     let ok = remove_remains(&plan.id, &plan.trash, &plan.dir, &plan.cgroup);
     if let Ok(store) = mayfly_store::Store::open(&plan.state_dir) {
+        // An empty WAL spares the next daemonless run a replay of every
+        // frame written since the last checkpoint; the write below then
+        // starts the new WAL (and pays for its header's fsync) here.
+        let _ = store.checkpoint();
         // Still `ready` only if the engine died before recording the
         // hand-over.
         if store
@@ -103,9 +107,6 @@ pub(crate) fn reaper_main(plan: ReapPlan, init: OwnedFd, stub: OwnedFd) -> ! {
             let _ = store.transition(&plan.id, SandboxState::Stopping, Some(&plan.reason));
         }
         let _ = record_end(&store, &plan.id, &plan.reason, ok);
-        // The next daemonless run then opens the store without replaying
-        // the frames this run and its reaper wrote.
-        let _ = store.checkpoint();
     }
     mayfly_sys::cgroup::remove_empty_parents(&plan.layout);
     process::exit_now(0)
