@@ -133,6 +133,64 @@ fn a_daemonless_run_hands_its_cleanup_to_a_reaper() {
     );
 }
 
+/// `kill -9` of a daemonless `mayfly run` takes its sandbox's processes
+/// with it (the zygote, stub and init each die with their parent), and the
+/// next run's recovery removes what is left and records why.
+#[tokio::test]
+async fn killing_a_daemonless_run_kills_its_sandbox_and_the_next_run_recovers_it() {
+    common::require_root();
+    let dir = test_dir();
+    let mut child = daemonless_cmd(&dir, &["run", "--", "sh", "-c", "echo up; sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running the mayfly CLI");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("reading the command's first line");
+    assert_eq!(line, "up\n");
+    let state = dir.path().join("state");
+    let store = mayfly_store::Store::open(&state).expect("opening the run's store");
+    let live = store.list_sandboxes(false).expect("listing sandboxes");
+    assert_eq!(live.len(), 1, "one live sandbox expected: {live:?}");
+    let id = live[0].id.to_string();
+    assert!(
+        !common::host::procs_in_sandbox(&id).is_empty(),
+        "the sandbox has no process to kill"
+    );
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let dead = common::eventually(std::time::Duration::from_secs(5), || {
+        common::host::procs_in_sandbox(&id).is_empty()
+    })
+    .await;
+    assert!(
+        dead,
+        "processes outlived the killed run: {:?}",
+        common::host::procs_in_sandbox(&id)
+    );
+    // The next run recovers the dead run's sandbox, then cleans up its own.
+    let out = daemonless(&dir, &["run", "--", "true"]);
+    expect_exit(&out, 0, "the next mayfly run");
+    assert_no_leaks(&state, &[id.as_str()]);
+    let rec = store
+        .get_sandbox(&id.parse().expect("an id"))
+        .expect("reading the record")
+        .expect("the killed run's record");
+    assert_eq!(rec.state, SandboxState::Failed);
+    assert!(
+        rec.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("owner_died")),
+        "reason: {:?}",
+        rec.reason
+    );
+}
+
 /// A daemonless run makes its sandbox's stub while it opens the store; when
 /// the create is then refused, that stub goes too: no marker, directory,
 /// cgroup or process is left.
