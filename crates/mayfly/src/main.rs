@@ -40,7 +40,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         mayfly_sys::process::raise_nofile_limit()?;
     }
     let zygote = if needs_engine {
-        Some(mayfly_engine::Zygote::start()?)
+        Some(mayfly_engine::Zygote::start(matches!(
+            cli.command,
+            Command::Serve(_)
+        ))?)
     } else {
         None
     };

@@ -101,6 +101,10 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32, id: &str, join: &[std::path:
     if failed || !matches!(sent, Ok(Ok(()))) {
         process::exit_now(1);
     }
+    // Idle until the plan comes: compile the seccomp filter now unless it
+    // was inherited (a one-shot zygote does not compile it), so init has
+    // it without waiting.
+    let _ = super::compiled_filter();
     let mut buf = Vec::new();
     // What comes with the plan (the uid slot's lease) is held until this
     // process exits; init closes its inherited copies first thing.

@@ -28,14 +28,20 @@ impl Zygote {
     ///
     /// Call this before any other thread exists (before the tokio runtime
     /// is built): the zygote inherits a copy of the calling thread only.
-    pub fn start() -> Result<Zygote, RuntimeError> {
+    ///
+    /// A daemon's zygote (`many`) compiles the seccomp filter and reads this
+    /// binary ahead as it starts, so all its stubs inherit both. A one-shot
+    /// engine's zygote forks its single stub first: that stub compiles the
+    /// filter itself while it waits for its plan, and the read-ahead comes
+    /// after, so neither delays the one create that is waited for.
+    pub fn start(many: bool) -> Result<Zygote, RuntimeError> {
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.
         match unsafe { process::fork() }.map_err(RuntimeError::Process)? {
             process::Forked::Child => {
                 drop(ours);
-                zygote_main(theirs, parent)
+                zygote_main(theirs, parent, many)
             }
             process::Forked::Parent { pid } => {
                 drop(theirs);
@@ -117,7 +123,7 @@ impl Zygote {
     }
 }
 
-fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
+fn zygote_main(sock: OwnedFd, parent: i32, many: bool) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
         || std::os::unix::process::parent_id() as i32 != parent
     {
@@ -133,13 +139,10 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
         use std::os::fd::AsRawFd;
         process::close_fds_except(3, &[sock.as_raw_fd()]);
     }
-    // Compiled here, while the parent goes on starting up, so every init
-    // inherits it; an init reports a failure to compile as its setup error.
-    let _ = super::compiled_filter();
-    // Stubs and inits run this binary's code inside sandbox cgroups; cached
-    // now, its pages are charged here and not to a sandbox (see
-    // `mayfly_sys::image`). Only an optimisation, so a failure is ignored.
-    let _ = mayfly_sys::image::readahead_own_image();
+    if many {
+        warm_up();
+    }
+    let mut read_ahead = many;
     // Stubs, and inits orphaned when their stub dies first, are reaped by
     // the kernel at once (SIGCHLD ignored, and this process is their
     // subreaper rather than the host's pid 1); the daemon watches them
@@ -167,7 +170,23 @@ fn zygote_main(sock: OwnedFd, parent: i32) -> ! {
         if !matches!(sent, Ok(Ok(()))) {
             process::exit_now(0);
         }
+        if !read_ahead {
+            // Idle now: only the read-ahead is still worth doing.
+            let _ = mayfly_sys::image::readahead_own_image();
+            read_ahead = true;
+        }
     }
+}
+
+/// Done once, before a daemon's zygote forks anything.
+fn warm_up() {
+    // Compiled here, so every stub and init inherits it; an init reports a
+    // failure to compile as its setup error.
+    let _ = super::compiled_filter();
+    // Stubs and inits run this binary's code inside sandbox cgroups; cached
+    // now, its pages are charged here and not to a sandbox (see
+    // `mayfly_sys::image`). Only an optimisation, so a failure is ignored.
+    let _ = mayfly_sys::image::readahead_own_image();
 }
 
 fn failed(
