@@ -16,6 +16,7 @@ use cli::{Cli, Command};
 
 fn main() {
     let cli = Cli::parse();
+
     let code = match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -39,17 +40,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         // limit (often 1024) would cap it at a few hundred sandboxes.
         mayfly_sys::process::raise_nofile_limit()?;
     }
+    let daemon = matches!(cli.command, Command::Serve(_));
     let zygote = if needs_engine {
-        Some(mayfly_engine::Zygote::start(matches!(
-            cli.command,
-            Command::Serve(_)
-        ))?)
+        Some(mayfly_engine::Zygote::start(daemon)?)
     } else {
         None
     };
-    init_tracing(matches!(cli.command, Command::Serve(_)));
+    init_tracing(daemon);
+    // One worker is enough for the CLI, a one-shot engine included (its
+    // stub is made on the worker while `block_on` opens the store on this
+    // thread); each thread is one more to wake and tear down at exit.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(if needs_engine { 2 } else { 1 })
+        .worker_threads(if daemon { 2 } else { 1 })
         .enable_all()
         .build()?;
     let code = rt.block_on(async move {
