@@ -89,6 +89,11 @@ async fn run_local(
         }
     };
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "sandbox ready");
+    // Forked while the command runs; without one, the destroy below is
+    // done in this process instead.
+    if let Err(e) = engine.prepare_reaper(&sb.id) {
+        tracing::warn!(error = %e, "preparing a reaper failed");
+    }
     let result = async {
         if cli.json {
             let r = engine.exec(&sb.id, exec, &caller).await?;

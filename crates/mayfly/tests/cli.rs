@@ -43,11 +43,20 @@ fn sandbox_dirs_left(dir: &tempfile::TempDir) -> Vec<String> {
 /// nothing of them is left on the host.
 /// Returns the records.
 fn assert_runs_cleaned(dir: &tempfile::TempDir) -> Vec<mayfly_store::SandboxRecord> {
+    assert_runs_cleaned_but(dir, &[])
+}
+
+/// [`assert_runs_cleaned`], for every sandbox but `except`.
+fn assert_runs_cleaned_but(
+    dir: &tempfile::TempDir,
+    except: &[SandboxId],
+) -> Vec<mayfly_store::SandboxRecord> {
     let state = dir.path().join("state");
     let store = mayfly_store::Store::open(&state).expect("opening the run's store");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let records = loop {
-        let records = store.list_sandboxes(true).expect("listing sandboxes");
+        let mut records = store.list_sandboxes(true).expect("listing sandboxes");
+        records.retain(|r| !except.contains(&r.id));
         let done = records.iter().all(|r| {
             r.state == SandboxState::Destroyed
                 && mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start)
@@ -134,10 +143,11 @@ fn a_daemonless_run_hands_its_cleanup_to_a_reaper() {
 }
 
 /// `kill -9` of a daemonless `mayfly run` takes its sandbox's processes
-/// with it (the zygote, stub and init each die with their parent), and the
-/// next run's recovery removes what is left and records why.
+/// with it (the zygote, stub and init each die with their parent); the
+/// sandbox's reaper, never handed the sandbox, removes what is left and
+/// records why, and the next run finds nothing to recover.
 #[tokio::test]
-async fn killing_a_daemonless_run_kills_its_sandbox_and_the_next_run_recovers_it() {
+async fn killing_a_daemonless_run_kills_its_sandbox_and_its_reaper_cleans_up() {
     common::require_root();
     let dir = test_dir();
     let mut child = daemonless_cmd(&dir, &["run", "--", "sh", "-c", "echo up; sleep 60"])
@@ -173,22 +183,29 @@ async fn killing_a_daemonless_run_kills_its_sandbox_and_the_next_run_recovers_it
         "processes outlived the killed run: {:?}",
         common::host::procs_in_sandbox(&id)
     );
-    // The next run recovers the dead run's sandbox, then cleans up its own.
-    let out = daemonless(&dir, &["run", "--", "true"]);
-    expect_exit(&out, 0, "the next mayfly run");
     assert_no_leaks(&state, &[id.as_str()]);
+    let sid: SandboxId = id.parse().expect("an id");
+    let recorded = common::eventually(std::time::Duration::from_secs(5), || {
+        store
+            .get_sandbox(&sid)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.state == SandboxState::Failed)
+    })
+    .await;
     let rec = store
-        .get_sandbox(&id.parse().expect("an id"))
+        .get_sandbox(&sid)
         .expect("reading the record")
         .expect("the killed run's record");
-    assert_eq!(rec.state, SandboxState::Failed);
-    assert!(
-        rec.reason
-            .as_deref()
-            .is_some_and(|r| r.contains("owner_died")),
-        "reason: {:?}",
-        rec.reason
+    assert!(recorded, "the killed run's record says {:?}", rec.state);
+    // Recorded by the reaper, not by a later recovery.
+    assert_eq!(
+        rec.reason.as_deref(),
+        Some("owner_died: the `mayfly run` that owned it died")
     );
+    let out = daemonless(&dir, &["run", "--", "true"]);
+    expect_exit(&out, 0, "the next mayfly run");
+    assert_runs_cleaned_but(&dir, &[sid]);
 }
 
 /// A daemonless run makes its sandbox's stub while it opens the store; when

@@ -54,6 +54,8 @@ struct Inner {
     /// Background directory removals, awaited by [`Engine::wait_cleanup`].
     cleanups: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     stubs: stubs::StubPool,
+    /// Reapers being forked for a one-shot engine's sandboxes.
+    reapers: std::sync::Mutex<HashMap<SandboxId, reaper::PendingReaper>>,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
 }
@@ -154,6 +156,7 @@ impl Engine {
             recovery: RecoveryReport::default(),
             cleanups: std::sync::Mutex::new(Vec::new()),
             stubs: stubs::StubPool::default(),
+            reapers: std::sync::Mutex::new(HashMap::new()),
             _lock: lock,
         };
         inner.recovery = recovery::reconcile(&inner);

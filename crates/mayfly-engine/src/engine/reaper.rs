@@ -4,14 +4,19 @@
 //! ends; the rest of a destroy (the directory tree, the cgroups, the record)
 //! takes several more milliseconds that the caller does not need to wait
 //! for, just as a daemon answers `DELETE` before its cleanup has finished.
-//! The engine hands the killed sandbox to a *reaper*: a process forked by
-//! the zygote (single-threaded, so the fork is whole) in a session of its
-//! own, with its standard streams on `/dev/null`, that outlives `mayfly run`.
+//! So each such sandbox gets a *reaper*: a process forked by the zygote
+//! (single-threaded, so the fork is whole) while the sandbox's command runs,
+//! in a session of its own, with its standard streams on `/dev/null`, that
+//! outlives `mayfly run`.
 //!
-//! Ownership moves with it: the record names the reaper as owner (in the
-//! same transaction that marks it `stopping`), so another instance's
-//! start-up recovery leaves the sandbox alone while the reaper works, and
-//! destroys it for good should the reaper die first.
+//! The reaper first waits on a pipe from the engine. One byte means the
+//! sandbox was handed over: the record already names the reaper as owner
+//! and says `stopping` (one transaction), and init has been killed. End of
+//! file without it means the engine died first (its zygote, the stub and
+//! init die with it); the reaper then records the sandbox `failed`
+//! (`owner_died`) itself instead of leaving that to the next start's
+//! recovery. Either way it waits for init's exit (the whole pid namespace
+//! goes with it), removes the remains, records the end, and exits.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -26,16 +31,20 @@ use super::Engine;
 use crate::runtime::proto::ReapPlan;
 use crate::EngineError;
 
+/// A reaper forked for a sandbox, and the pipe that hands the sandbox over.
+pub(crate) struct Reaper {
+    owner: Owner,
+    go: std::fs::File,
+}
+
+pub(crate) type PendingReaper = tokio::task::JoinHandle<Result<Reaper, EngineError>>;
+
 impl Engine {
-    /// Kills a sandbox and leaves the rest of its destroy to a detached
-    /// reaper; returns once every process in it has been sent SIGKILL. If
-    /// no reaper can be had, destroys it here and waits for the cleanup.
-    pub async fn destroy_detached(&self, id: &SandboxId, reason: &str) -> Result<(), EngineError> {
+    /// Starts forking the reaper of a sandbox in the background, so that
+    /// [`Engine::destroy_detached`] finds it ready. Call it right after the
+    /// create, while the sandbox's command runs.
+    pub fn prepare_reaper(&self, id: &SandboxId) -> Result<(), EngineError> {
         let sb = self.lookup(id)?;
-        if sb.is_stopping() {
-            self.destroy_sandbox(sb, reason).await?;
-            return Ok(());
-        }
         let plan = ReapPlan {
             id: sb.id.clone(),
             dir: sb.dir.clone(),
@@ -43,33 +52,77 @@ impl Engine {
             cgroup: sb.cgroup.clone(),
             layout: self.inner.layout().clone(),
             state_dir: self.inner.cfg.state_dir.clone(),
-            reason: reason.to_owned(),
         };
-        let forked = self
-            .inner
-            .maker
-            .zygote
-            .fork_reaper(&plan, sb.pidfd.get_ref().as_fd(), sb.stub.pidfd.as_fd())
-            .await;
-        // The reaper waits for init's exit, so the hand-over is recorded
-        // before it can start: init is killed only after this transaction.
-        let owner = forked.ok().and_then(|pid| Owner::of(pid as u32));
-        let Some(owner) = owner else {
+        let maker = self.inner.maker.clone();
+        let task = tokio::spawn(async move {
+            let fail = |what: &str, e: &dyn std::fmt::Display| {
+                EngineError::Internal(format!("{what} for the reaper of {}: {e}", plan.id))
+            };
+            let (go_r, go_w) = mayfly_sys::ipc::pipe().map_err(|e| fail("a pipe", &e))?;
+            let pid = maker
+                .zygote
+                .fork_reaper(
+                    &plan,
+                    sb.pidfd.get_ref().as_fd(),
+                    sb.stub.pidfd.as_fd(),
+                    go_r.as_fd(),
+                )
+                .await
+                .map_err(|e| fail("forking", &e))?;
+            let owner = Owner::of(pid as u32).ok_or_else(|| fail("finding", &"it exited"))?;
+            Ok(Reaper {
+                owner,
+                go: std::fs::File::from(go_w),
+            })
+        });
+        self.reapers().insert(id.clone(), task);
+        Ok(())
+    }
+
+    fn reapers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<SandboxId, PendingReaper>> {
+        self.inner.reapers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Kills a sandbox and leaves the rest of its destroy to its reaper;
+    /// returns once every process in it has been sent SIGKILL. Without a
+    /// reaper, destroys it here and waits for the cleanup.
+    pub async fn destroy_detached(&self, id: &SandboxId, reason: &str) -> Result<(), EngineError> {
+        let sb = self.lookup(id)?;
+        let pending = self.reapers().remove(id);
+        if pending.is_none() {
+            self.prepare_reaper(id)?;
+        }
+        let pending = match pending {
+            Some(p) => Some(p),
+            None => self.reapers().remove(id),
+        };
+        let reaper = match pending {
+            Some(task) => task.await.ok().and_then(Result::ok),
+            None => None,
+        };
+        let Some(reaper) = reaper else {
             tracing::warn!(%id, "no reaper; destroying in this process");
             self.destroy_sandbox(sb, reason).await?;
             self.wait_cleanup().await;
             return Ok(());
         };
         if !sb.begin_stop() {
-            // Raced with another destroy (a TTL); the reaper still cleans
-            // up once init is gone, and its record update is refused.
+            // Raced with another destroy (a TTL). Dropping `reaper.go`
+            // makes the reaper clean up too, and its record update is
+            // refused.
             return Ok(());
         }
-        let handed = self
-            .inner
-            .store
-            .stop_and_hand_over(id, reason, owner.pid, owner.start);
+        // The hand-over is recorded before the reaper may act on it.
+        let handed =
+            self.inner
+                .store
+                .stop_and_hand_over(id, reason, reaper.owner.pid, reaper.owner.start);
         let _ = process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
+        if handed.is_ok() {
+            let _ = std::io::Write::write_all(&mut &reaper.go, b"g");
+        }
         self.inner
             .sandboxes
             .write()
@@ -82,14 +135,23 @@ impl Engine {
     }
 }
 
-/// The reaper's life: wait for init's exit (its whole pid namespace goes
-/// with it), kill the stub, remove the remains, record the end, and remove
-/// the shared `mayfly` cgroup parents if nothing else uses them.
-pub(crate) fn reaper_main(plan: ReapPlan, init: OwnedFd, stub: OwnedFd) -> ! {
+/// The reaper's life: wait to be handed the sandbox (or for the engine's
+/// death), wait for init's exit, kill the stub, remove the remains, record
+/// the end, and remove the shared `mayfly` cgroup parents if nothing else
+/// uses them.
+pub(crate) fn reaper_main(plan: ReapPlan, init: OwnedFd, stub: OwnedFd, go: OwnedFd) -> ! {
     process::wipe_cmdline_and_environ("mayfly-reaper");
-    // Init is killed right after the hand-over is recorded (or dies with
-    // its stub, should the engine die first). Past the deadline the cgroup
-    // removal below kills whatever is left.
+    let mut go = std::fs::File::from(go);
+    let mut byte = [0u8; 1];
+    let handed = loop {
+        match std::io::Read::read(&mut go, &mut byte) {
+            Ok(n) => break n == 1,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break false,
+        }
+    };
+    drop(go);
+    // Past the deadline the cgroup removal below kills whatever is left.
     let _ = process::wait_pidfd(init.as_fd(), Duration::from_secs(10));
     let _ = process::pidfd_send_signal(stub.as_fd(), libc::SIGKILL);
     let ok = remove_remains(&plan.id, &plan.trash, &plan.dir, &plan.cgroup);
@@ -98,16 +160,34 @@ pub(crate) fn reaper_main(plan: ReapPlan, init: OwnedFd, stub: OwnedFd) -> ! {
         // frame written since the last checkpoint; the write below then
         // starts the new WAL (and pays for its header's fsync) here.
         let _ = store.checkpoint();
-        // Still `ready` only if the engine died before recording the
-        // hand-over.
-        if store
-            .get_sandbox(&plan.id)
-            .is_ok_and(|r| r.is_some_and(|r| r.state == SandboxState::Ready))
-        {
-            let _ = store.transition(&plan.id, SandboxState::Stopping, Some(&plan.reason));
-        }
-        let _ = record_end(&store, &plan.id, &plan.reason, ok);
+        record(&store, &plan.id, handed, ok);
     }
     mayfly_sys::cgroup::remove_empty_parents(&plan.layout);
     process::exit_now(0)
+}
+
+/// Records how the sandbox ended: destroyed for the reason its engine gave
+/// when it handed it over, or failed because that engine died.
+fn record(store: &mayfly_store::Store, id: &SandboxId, handed: bool, cgroup_ok: bool) {
+    if handed {
+        let reason = store
+            .get_sandbox(id)
+            .ok()
+            .flatten()
+            .and_then(|r| r.reason)
+            .unwrap_or_else(|| "user".into());
+        let _ = record_end(store, id, &reason, cgroup_ok);
+    } else {
+        let why = "owner_died: the `mayfly run` that owned it died";
+        if store
+            .transition(id, SandboxState::Failed, Some(why))
+            .is_ok()
+        {
+            let _ = store.add_event(
+                Some(id),
+                "recovered",
+                &serde_json::json!({"previous_state": "ready", "by": "reaper"}),
+            );
+        }
+    }
 }

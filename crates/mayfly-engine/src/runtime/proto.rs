@@ -40,14 +40,15 @@ pub enum ZygoteRequest {
     /// Fork a stub for the future sandbox `id` (its hostname). The stub
     /// moves itself into the cgroups whose `tasks` files are listed (v1).
     ForkStub { id: String, join: Vec<PathBuf> },
-    /// Fork a detached reaper that finishes destroying a killed sandbox
-    /// after the requester has gone (see `engine::reaper`). Carries two
-    /// descriptors: the sandbox's init pidfd and its stub's pidfd.
+    /// Fork a detached reaper that finishes destroying a sandbox after the
+    /// requester has gone (see `engine::reaper`). Carries three
+    /// descriptors: the sandbox's init pidfd, its stub's pidfd, and the
+    /// read end of the pipe that hands the sandbox over.
     Reap { plan: Box<ReapPlan> },
 }
 
 /// What a reaper removes and records. Built by the engine from a live
-/// sandbox whose init it has just killed.
+/// sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReapPlan {
     pub id: mayfly_types::SandboxId,
@@ -59,7 +60,6 @@ pub struct ReapPlan {
     pub layout: mayfly_sys::cgroup::CgroupLayout,
     /// Where the store is, to record the sandbox destroyed.
     pub state_dir: PathBuf,
-    pub reason: String,
 }
 
 /// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and

@@ -104,18 +104,19 @@ impl Zygote {
         }
     }
 
-    /// Has the zygote fork a detached reaper for a killed sandbox; returns
-    /// the reaper's pid. The reaper outlives this process.
+    /// Has the zygote fork a detached reaper for a sandbox; returns the
+    /// reaper's pid. The reaper outlives this process.
     pub async fn fork_reaper(
         &self,
         plan: &ReapPlan,
         init_pidfd: std::os::fd::BorrowedFd<'_>,
         stub_pidfd: std::os::fd::BorrowedFd<'_>,
+        go: std::os::fd::BorrowedFd<'_>,
     ) -> Result<i32, RuntimeError> {
         let req = ZygoteRequest::Reap {
             plan: Box::new(plan.clone()),
         };
-        match self.ask(&req, &[init_pidfd, stub_pidfd]).await? {
+        match self.ask(&req, &[init_pidfd, stub_pidfd, go]).await? {
             (ZygoteReply::Detached { pid }, _) => Ok(pid),
             (ZygoteReply::Failed { message }, _) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
@@ -200,12 +201,13 @@ fn failed(
 /// it), its standard streams on `/dev/null` so it never holds a pipe the
 /// requester's caller reads to its end, and no descriptor but the two pidfds.
 fn fork_reaper(plan: ReapPlan, mut fds: Vec<OwnedFd>) -> Result<i32, String> {
-    if fds.len() != 2 {
+    if fds.len() != 3 {
         return Err(format!(
-            "a reap request carries 2 descriptors, not {}",
+            "a reap request carries 3 descriptors, not {}",
             fds.len()
         ));
     }
+    let go = fds.pop().ok_or("no hand-over pipe")?;
     let stub = fds.pop().ok_or("no stub pidfd")?;
     let init = fds.pop().ok_or("no init pidfd")?;
     // SAFETY: the zygote is single-threaded.
@@ -215,8 +217,9 @@ fn fork_reaper(plan: ReapPlan, mut fds: Vec<OwnedFd>) -> Result<i32, String> {
             let _ = process::setsid();
             process::reset_signals();
             process::stdio_to_dev_null();
-            process::close_fds_except(3, &[init.as_raw_fd(), stub.as_raw_fd()]);
-            crate::engine::reaper::reaper_main(plan, init, stub)
+            let keep = [init.as_raw_fd(), stub.as_raw_fd(), go.as_raw_fd()];
+            process::close_fds_except(3, &keep);
+            crate::engine::reaper::reaper_main(plan, init, stub, go)
         }
         process::Forked::Parent { pid } => Ok(pid),
     }
