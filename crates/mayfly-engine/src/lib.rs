@@ -14,7 +14,7 @@ pub mod runtime;
 pub mod template;
 
 pub use api::{Caller, ExecStream, SandboxApi};
-pub use engine::{Engine, EngineConfig, RecoveryReport};
+pub use engine::{start_one_shot_zygote, Engine, EngineConfig, RecoveryReport};
 pub use error::EngineError;
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;

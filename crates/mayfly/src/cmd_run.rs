@@ -29,12 +29,30 @@ pub fn exec_request(cmd: &CommandArgs, env: &[(String, String)]) -> anyhow::Resu
     })
 }
 
-pub async fn run(cli: &Cli, a: &RunArgs, zygote: Option<Zygote>) -> anyhow::Result<i32> {
-    let create = a.spec.request()?;
-    let exec = exec_request(&a.cmd, &[])?;
-    match zygote {
-        None => run_remote(cli, create, exec).await,
-        Some(z) => run_local(cli, z, create, exec).await,
+/// The engine settings of a daemonless run.
+pub fn engine_config(cli: &Cli) -> EngineConfig {
+    EngineConfig {
+        state_dir: cli.state_dir.clone(),
+        stub_pool: 0,
+        ..EngineConfig::default()
+    }
+}
+
+pub async fn run(
+    cli: &Cli,
+    a: &RunArgs,
+    one_shot: Option<(Zygote, EngineConfig)>,
+) -> anyhow::Result<i32> {
+    let requests = a
+        .spec
+        .request()
+        .and_then(|create| Ok((create, exec_request(&a.cmd, &[])?)));
+    match one_shot {
+        None => {
+            let (create, exec) = requests?;
+            run_remote(cli, create, exec).await
+        }
+        Some((zygote, cfg)) => run_local(cli, zygote, cfg, requests).await,
     }
 }
 
@@ -67,17 +85,20 @@ async fn run_remote(
 async fn run_local(
     cli: &Cli,
     zygote: Zygote,
-    create: mayfly_types::CreateRequest,
-    exec: ExecRequest,
+    cfg: EngineConfig,
+    requests: anyhow::Result<(mayfly_types::CreateRequest, ExecRequest)>,
 ) -> anyhow::Result<i32> {
-    let cfg = EngineConfig {
-        state_dir: cli.state_dir.clone(),
-        stub_pool: 0,
-        ..EngineConfig::default()
-    };
     let t = std::time::Instant::now();
     let engine = Engine::new(cfg, zygote)?;
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "engine ready");
+    let (create, exec) = match requests {
+        Ok(r) => r,
+        Err(e) => {
+            // The sandbox's stub is already being made: discard it.
+            engine.shutdown().await;
+            return Err(e);
+        }
+    };
     let caller = Caller::new(format!("cli:pid={}", std::process::id()));
     let sb = match engine.create(create, &caller).await {
         Ok(sb) => sb,

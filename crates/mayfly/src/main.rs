@@ -41,10 +41,16 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         mayfly_sys::process::raise_nofile_limit()?;
     }
     let daemon = matches!(cli.command, Command::Serve(_));
-    let zygote = if needs_engine {
-        Some(mayfly_engine::Zygote::start(daemon)?)
-    } else {
-        None
+    // A daemonless run's zygote starts making the run's sandbox stub right
+    // away (see `mayfly_engine::start_one_shot_zygote`).
+    let (zygote, one_shot) = match &cli.command {
+        Command::Serve(_) => (Some(mayfly_engine::Zygote::start(true)?), None),
+        Command::Run(_) if needs_engine => {
+            let mut cfg = cmd_run::engine_config(&cli);
+            let zygote = mayfly_engine::start_one_shot_zygote(&mut cfg)?;
+            (None, Some((zygote, cfg)))
+        }
+        _ => (None, None),
     };
     init_tracing(daemon);
     // One worker is enough for the CLI, a one-shot engine included (its
@@ -57,7 +63,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let code = rt.block_on(async move {
         match cli.command {
             Command::Serve(ref a) => cmd_serve::serve(&cli, a, zygote.expect("zygote")).await,
-            Command::Run(ref a) => cmd_run::run(&cli, a, zygote).await,
+            Command::Run(ref a) => cmd_run::run(&cli, a, one_shot).await,
             Command::Create(ref a) => cmd_sandbox::create(&cli, a).await,
             Command::Exec(ref a) => cmd_sandbox::exec(&cli, a).await,
             Command::Ps(ref a) => cmd_sandbox::ps(&cli, a).await,

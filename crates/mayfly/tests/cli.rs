@@ -208,41 +208,43 @@ async fn killing_a_daemonless_run_kills_its_sandbox_and_its_reaper_cleans_up() {
     assert_runs_cleaned_but(&dir, &[sid]);
 }
 
-/// A daemonless run makes its sandbox's stub while it opens the store; when
-/// the create is then refused, that stub goes too: no marker, directory,
-/// cgroup or process is left.
+/// A daemonless run's zygote starts making the sandbox's stub as the
+/// process starts; when the run is then refused, by the engine (a ttl out
+/// of range) or by the CLI (`--cpus 0`), that stub goes too: no marker,
+/// directory, cgroup or process is left.
 #[test]
 fn a_refused_daemonless_run_leaves_nothing_behind() {
     common::require_root();
-    let dir = test_dir();
-    let out = daemonless_cmd(&dir, &["run", "--ttl", "1000d", "--", "true"])
-        .env("MAYFLY_LOG", "mayfly_engine=debug")
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("running the mayfly CLI");
-    let log = text(&out.stderr);
-    assert_ne!(
-        out.status.code(),
-        Some(0),
-        "an out-of-range ttl was accepted"
-    );
-    assert!(
-        log.contains("ttl"),
-        "the error does not name the ttl: {log}"
-    );
-    // The engine logs the id of the stub it made ahead.
-    let id = log
-        .lines()
-        .find(|l| l.contains("making the first stub ahead"))
-        .and_then(|l| l.split("id=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(|id| id.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-'))
-        .unwrap_or_else(|| panic!("no early stub in the log: {log}"))
-        .to_owned();
-    assert!(id.starts_with("mf-"), "odd id {id:?} in {log}");
-    assert_no_leaks(&dir.path().join("state"), &[&id]);
-    let marker = dir.path().join("state/stubs").join(&id);
-    assert!(!marker.exists(), "stub marker left: {}", marker.display());
+    for (args, names) in [(["--ttl", "1000d"], "ttl"), (["--cpus", "0"], "--cpus")] {
+        let dir = test_dir();
+        let mut argv = vec!["run"];
+        argv.extend(args);
+        argv.extend(["--", "true"]);
+        let out = daemonless_cmd(&dir, &argv)
+            .env("MAYFLY_LOG", "mayfly_engine=debug")
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("running the mayfly CLI");
+        let log = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?} was accepted");
+        assert!(
+            log.contains(names),
+            "the error does not name {names}: {log}"
+        );
+        // The engine logs the id of the stub it adopts.
+        let id = log
+            .lines()
+            .find(|l| l.contains("adopting the stub made from the start"))
+            .and_then(|l| l.split("id=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|id| id.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-'))
+            .unwrap_or_else(|| panic!("no early stub in the log: {log}"))
+            .to_owned();
+        assert!(id.starts_with("mf-"), "odd id {id:?} in {log}");
+        assert_no_leaks(&dir.path().join("state"), &[&id]);
+        let marker = dir.path().join("state/stubs").join(&id);
+        assert!(!marker.exists(), "stub marker left: {}", marker.display());
+    }
 }
 
 /// The shared `mayfly` parent cgroups that exist and hold no cgroup: what a

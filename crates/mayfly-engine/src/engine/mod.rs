@@ -5,6 +5,7 @@ mod api_impl;
 mod config;
 mod create;
 mod destroy;
+mod early;
 mod exec;
 mod leases;
 mod owner;
@@ -25,6 +26,7 @@ use mayfly_sys::cgroup::CgroupLayout;
 use mayfly_types::SandboxId;
 
 pub use config::EngineConfig;
+pub use early::start_one_shot_zygote;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
 
@@ -65,6 +67,12 @@ impl Inner {
     fn layout(&self) -> &CgroupLayout {
         &self.maker.layout
     }
+}
+
+/// The directories of a stub for the `host` template, for a stub that
+/// makes its own (see `engine::early`).
+pub(crate) fn make_stub_dirs(dir: &std::path::Path) -> std::io::Result<()> {
+    create::make_dirs(dir, create::STUB_LAYERS)
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -139,7 +147,10 @@ impl Engine {
         // and its marker (written before its cgroups) lets the next start's
         // recovery remove the rest.
         let early_stub = match tokio::runtime::Handle::try_current() {
-            Ok(_) if cfg.stub_pool == 0 => Some(maker.start_early()?),
+            Ok(_) if cfg.stub_pool == 0 => match maker.adopt_early() {
+                Some(early) => Some(early),
+                None => Some(maker.start_early()?),
+            },
             _ => None,
         };
         let store = Store::open(&cfg.state_dir)?;

@@ -92,10 +92,43 @@ impl StubMaker {
             }
             (_, Err(e)) => e.to_string(),
         };
-        let _ = mayfly_sys::cgroup::remove(&cgroup);
-        let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_file(&marker);
+        self.abandon(&id, &cgroup);
         Err(EngineError::Internal(failure))
+    }
+
+    /// Removes what a stub that never became ready left: its cgroups, its
+    /// directories, its marker.
+    pub(super) fn abandon(&self, id: &SandboxId, cgroup: &CgroupPlan) {
+        let _ = mayfly_sys::cgroup::remove(cgroup);
+        let _ = std::fs::remove_dir_all(self.sandboxes_dir.join(id.as_str()));
+        let _ = std::fs::remove_file(self.stubs_dir.join(id.as_str()));
+    }
+
+    /// The v1 `tasks` files a stub writes itself into; none on v2, where
+    /// the engine moves it (see [`StubMaker::attach`]).
+    pub(super) fn joins(cgroup: &CgroupPlan) -> Vec<PathBuf> {
+        if cgroup.version == mayfly_sys::cgroup::CgroupVersion::V1 {
+            cgroup
+                .sandbox_dirs
+                .iter()
+                .map(|d| d.join("tasks"))
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Moves a stub into its v2 cgroup.
+    pub(super) async fn attach(&self, cgroup: &CgroupPlan, pid: i32) -> Result<(), EngineError> {
+        let plan = cgroup.clone();
+        let attached =
+            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan, pid)).await;
+        match attached {
+            Ok(Ok(())) => Ok(()),
+            other => Err(EngineError::Internal(format!(
+                "placing a stub in its cgroups: {other:?}"
+            ))),
+        }
     }
 
     /// Creates the stub's cgroups and has the zygote fork a stub into them.
@@ -112,32 +145,16 @@ impl StubMaker {
             .map_err(|e| EngineError::Internal(format!("creating cgroups for {id}: {e}")))?;
         // On v1 the stub joins its cgroups itself (see `join_cgroups`); on
         // v2 the daemon moves it.
-        let v1 = cgroup.version == mayfly_sys::cgroup::CgroupVersion::V1;
-        let join: Vec<_> = if v1 {
-            cgroup
-                .sandbox_dirs
-                .iter()
-                .map(|d| d.join("tasks"))
-                .collect()
-        } else {
-            Vec::new()
-        };
         let stub = self
             .zygote
-            .fork_stub(id.as_str(), &join)
+            .fork_stub(id.as_str(), &Self::joins(cgroup))
             .await
             .map_err(|e| EngineError::Internal(format!("forking a stub: {e}")))?;
-        let (plan, pid) = (cgroup.clone(), stub.pid);
-        let attached = if v1 {
-            Ok(Ok(()))
-        } else {
-            tokio::task::spawn_blocking(move || mayfly_sys::cgroup::add_process(&plan, pid)).await
-        };
-        if !matches!(attached, Ok(Ok(()))) {
-            stub.kill();
-            return Err(EngineError::Internal(format!(
-                "placing a stub in the cgroups of {id}: {attached:?}"
-            )));
+        if cgroup.version == mayfly_sys::cgroup::CgroupVersion::V2 {
+            if let Err(e) = self.attach(cgroup, stub.pid).await {
+                stub.kill();
+                return Err(EngineError::Internal(format!("{id}: {e}")));
+            }
         }
         Ok(stub)
     }

@@ -45,6 +45,27 @@ pub enum ZygoteRequest {
     /// descriptors: the sandbox's init pidfd, its stub's pidfd, and the
     /// read end of the pipe that hands the sandbox over.
     Reap { plan: Box<ReapPlan> },
+    /// Hand over the stub a one-shot zygote forked as it started (see
+    /// [`EarlyWork`]); answered like `ForkStub`.
+    TakeEarly,
+}
+
+/// What a one-shot zygote's first stub does itself, before it joins its
+/// cgroups and makes its namespaces: everything a daemonless run's create
+/// would otherwise wait for, started as soon as the process does (see
+/// `engine::early`). Handed down by fork, never sent.
+#[derive(Debug, Clone)]
+pub struct EarlyWork {
+    pub id: String,
+    /// The v1 `tasks` files to join; empty on v2, where the engine moves
+    /// the stub.
+    pub join: Vec<PathBuf>,
+    /// The stub's marker, and the owner it names.
+    pub marker: PathBuf,
+    pub marker_text: String,
+    pub cgroup: mayfly_sys::cgroup::CgroupPlan,
+    /// `<state>/sandboxes/<id>`, made with the `host` template's layers.
+    pub dir: PathBuf,
 }
 
 /// What a reaper removes and records. Built by the engine from a live

@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use mayfly_sys::{ipc, mount, process};
 
 use super::channel::AsyncSeq;
-use super::proto::{SpawnPlan, StubReply};
+use super::proto::{EarlyWork, SpawnPlan, StubReply};
 use super::RuntimeError;
 
 /// A freshly cloned init, as its stub hands it over.
@@ -79,7 +79,13 @@ impl StubHandle {
 /// The stub's life: make the sandbox's network, UTS and IPC namespaces,
 /// wait for one plan, clone init, then wait for init to end and exit.
 /// Never returns.
-pub(super) fn stub_main(sock: OwnedFd, zygote: i32, id: &str, join: &[std::path::PathBuf]) -> ! {
+pub(super) fn stub_main(
+    sock: OwnedFd,
+    zygote: i32,
+    id: &str,
+    join: &[std::path::PathBuf],
+    work: Option<EarlyWork>,
+) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
         || std::os::unix::process::parent_id() as i32 != zygote
     {
@@ -92,7 +98,11 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32, id: &str, join: &[std::path:
     // millisecond. They belong to the host's user namespace, so the
     // sandbox's root cannot reconfigure them (no new interfaces, routes or
     // hostname from inside), and Mayfly can configure them from outside.
-    let prepared = match join_cgroups(join).and_then(|()| prepare_namespaces(id)) {
+    let early = work.as_ref().map_or(Ok(()), early_work);
+    let prepared = match early
+        .and_then(|()| join_cgroups(join))
+        .and_then(|()| prepare_namespaces(id))
+    {
         Ok(()) => StubReply::Prepared,
         Err(message) => StubReply::Failed { message },
     };
@@ -134,6 +144,22 @@ pub(super) fn stub_main(sock: OwnedFd, zygote: i32, id: &str, join: &[std::path:
             process::exit_now(1)
         }
     }
+}
+
+/// A one-shot zygote's first stub: its marker (written whole, then renamed,
+/// before anything it names exists), its cgroups, and its directories. On
+/// failure the engine removes whatever was made.
+fn early_work(w: &EarlyWork) -> Result<(), String> {
+    let err = |what: &dyn std::fmt::Display, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    for d in [w.marker.parent(), w.dir.parent()].into_iter().flatten() {
+        std::fs::create_dir_all(d).map_err(|e| err(&d.display(), &e))?;
+    }
+    let temp = w.marker.with_file_name(format!(".{}", w.id));
+    std::fs::write(&temp, &w.marker_text)
+        .and_then(|()| std::fs::rename(&temp, &w.marker))
+        .map_err(|e| err(&w.marker.display(), &e))?;
+    mayfly_sys::cgroup::apply(&w.cgroup).map_err(|e| err(&"creating cgroups", &e))?;
+    crate::engine::make_stub_dirs(&w.dir).map_err(|e| err(&w.dir.display(), &e))
 }
 
 /// Moves this (single-threaded) process into v1 cgroups by writing `0` to

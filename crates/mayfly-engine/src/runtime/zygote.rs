@@ -9,10 +9,12 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
+use mayfly_sys::cgroup::CgroupPlan;
 use mayfly_sys::{ipc, process};
+use mayfly_types::SandboxId;
 
 use super::channel::AsyncSeq;
-use super::proto::{ReapPlan, ZygoteReply, ZygoteRequest};
+use super::proto::{EarlyWork, ReapPlan, ZygoteReply, ZygoteRequest};
 use super::stub::{stub_main, StubHandle};
 use super::RuntimeError;
 
@@ -21,6 +23,9 @@ pub struct Zygote {
     chan: tokio::sync::Mutex<Option<AsyncSeq>>,
     sock: std::sync::Mutex<Option<OwnedFd>>,
     pub pid: i32,
+    /// The id and cgroups of the stub a one-shot zygote forked as it
+    /// started, until the engine adopts it.
+    early: std::sync::Mutex<Option<(SandboxId, CgroupPlan)>>,
 }
 
 impl Zygote {
@@ -35,13 +40,23 @@ impl Zygote {
     /// filter itself while it waits for its plan, and the read-ahead comes
     /// after, so neither delays the one create that is waited for.
     pub fn start(many: bool) -> Result<Zygote, RuntimeError> {
+        Self::start_with(many, None)
+    }
+
+    /// Forks a one-shot engine's zygote, which forks `early`'s stub as its
+    /// first act; the engine takes it with [`Zygote::take_early_stub`].
+    pub(crate) fn start_one_shot(early: EarlyWork) -> Result<Zygote, RuntimeError> {
+        Self::start_with(false, Some(early))
+    }
+
+    fn start_with(many: bool, early: Option<EarlyWork>) -> Result<Zygote, RuntimeError> {
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.
         match unsafe { process::fork() }.map_err(RuntimeError::Process)? {
             process::Forked::Child => {
                 drop(ours);
-                zygote_main(theirs, parent, many)
+                zygote_main(theirs, parent, many, early)
             }
             process::Forked::Parent { pid } => {
                 drop(theirs);
@@ -49,6 +64,7 @@ impl Zygote {
                     chan: tokio::sync::Mutex::new(None),
                     sock: std::sync::Mutex::new(Some(ours)),
                     pid,
+                    early: std::sync::Mutex::new(None),
                 })
             }
         }
@@ -87,10 +103,15 @@ impl Zygote {
         id: &str,
         join: &[std::path::PathBuf],
     ) -> Result<StubHandle, RuntimeError> {
-        let req = ZygoteRequest::ForkStub {
+        self.stub_reply(ZygoteRequest::ForkStub {
             id: id.to_owned(),
             join: join.to_vec(),
-        };
+        })
+        .await
+    }
+
+    /// Asks for a stub and waits until it has prepared its namespaces.
+    async fn stub_reply(&self, req: ZygoteRequest) -> Result<StubHandle, RuntimeError> {
         match self.ask(&req, &[]).await? {
             (ZygoteReply::Forked { pid }, mut fds) if fds.len() == 2 => {
                 let sock = fds.pop().ok_or(RuntimeError::ZygoteGone)?;
@@ -102,6 +123,23 @@ impl Zygote {
             (ZygoteReply::Failed { message }, _) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
         }
+    }
+
+    /// Records what the stub forked at start is for (see `engine::early`).
+    pub(crate) fn set_early(&self, id: SandboxId, cgroup: CgroupPlan) {
+        *self.early.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, cgroup));
+    }
+
+    /// What the stub forked at start is for, once: None if there is none
+    /// or it was taken.
+    pub(crate) fn take_early(&self) -> Option<(SandboxId, CgroupPlan)> {
+        self.early.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Takes the stub a one-shot zygote forked as it started, once it has
+    /// done its work and prepared its namespaces.
+    pub(crate) async fn take_early_stub(&self) -> Result<StubHandle, RuntimeError> {
+        self.stub_reply(ZygoteRequest::TakeEarly).await
     }
 
     /// Has the zygote fork a detached reaper for a sandbox; returns the
@@ -124,7 +162,7 @@ impl Zygote {
     }
 }
 
-fn zygote_main(sock: OwnedFd, parent: i32, many: bool) -> ! {
+fn zygote_main(sock: OwnedFd, parent: i32, many: bool, early: Option<EarlyWork>) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
         || std::os::unix::process::parent_id() as i32 != parent
     {
@@ -144,6 +182,11 @@ fn zygote_main(sock: OwnedFd, parent: i32, many: bool) -> ! {
         warm_up();
     }
     let mut read_ahead = many;
+    // Forked before anything else, so the stub's own work (its marker,
+    // cgroups and directories, then its namespaces) runs while the engine
+    // starts up. A failure is the stub's to report when it is taken.
+    let mut early = early
+        .map(|w| fork_stub(&w.id.clone(), &w.join.clone(), Some(w)).map_err(|e| e.to_string()));
     // Stubs, and inits orphaned when their stub dies first, are reaped by
     // the kernel at once (SIGCHLD ignored, and this process is their
     // subreaper rather than the host's pid 1); the daemon watches them
@@ -156,10 +199,12 @@ fn zygote_main(sock: OwnedFd, parent: i32, many: bool) -> ! {
             process::exit_now(0);
         };
         let sent = match serde_json::from_slice::<ZygoteRequest>(&buf) {
-            Ok(ZygoteRequest::ForkStub { id, join }) => match fork_stub(&id, &join) {
-                Ok((pid, pidfd, stub_sock)) => serde_json::to_vec(&ZygoteReply::Forked { pid })
-                    .map(|m| ipc::send(sock.as_fd(), &m, &[pidfd.as_fd(), stub_sock.as_fd()])),
-                Err(message) => failed(sock.as_fd(), message),
+            Ok(ZygoteRequest::ForkStub { id, join }) => {
+                forked(sock.as_fd(), fork_stub(&id, &join, None))
+            }
+            Ok(ZygoteRequest::TakeEarly) => match early.take() {
+                Some(stub) => forked(sock.as_fd(), stub),
+                None => failed(sock.as_fd(), "this zygote has no early stub".into()),
             },
             Ok(ZygoteRequest::Reap { plan }) => match fork_reaper(*plan, fds) {
                 Ok(pid) => serde_json::to_vec(&ZygoteReply::Detached { pid })
@@ -190,10 +235,21 @@ fn warm_up() {
     let _ = mayfly_sys::image::readahead_own_image();
 }
 
-fn failed(
+type Sent = Result<Result<(), ipc::IpcError>, serde_json::Error>;
+
+/// Answers a stub request: the stub's pid, pidfd and socket, or why not.
+fn forked(
     sock: std::os::fd::BorrowedFd<'_>,
-    message: String,
-) -> Result<Result<(), ipc::IpcError>, serde_json::Error> {
+    stub: Result<(i32, OwnedFd, OwnedFd), String>,
+) -> Sent {
+    match stub {
+        Ok((pid, pidfd, stub_sock)) => serde_json::to_vec(&ZygoteReply::Forked { pid })
+            .map(|m| ipc::send(sock, &m, &[pidfd.as_fd(), stub_sock.as_fd()])),
+        Err(message) => failed(sock, message),
+    }
+}
+
+fn failed(sock: std::os::fd::BorrowedFd<'_>, message: String) -> Sent {
     serde_json::to_vec(&ZygoteReply::Failed { message }).map(|m| ipc::send(sock, &m, &[]))
 }
 
@@ -225,7 +281,11 @@ fn fork_reaper(plan: ReapPlan, mut fds: Vec<OwnedFd>) -> Result<i32, String> {
     }
 }
 
-fn fork_stub(id: &str, join: &[std::path::PathBuf]) -> Result<(i32, OwnedFd, OwnedFd), String> {
+fn fork_stub(
+    id: &str,
+    join: &[std::path::PathBuf],
+    work: Option<EarlyWork>,
+) -> Result<(i32, OwnedFd, OwnedFd), String> {
     let (ours, theirs) = ipc::seqpacket_pair().map_err(|e| super::chain(&e))?;
     let me = std::process::id() as i32;
     // SAFETY: the zygote is single-threaded. Namespace flags 0: a plain fork
@@ -236,7 +296,7 @@ fn fork_stub(id: &str, join: &[std::path::PathBuf]) -> Result<(i32, OwnedFd, Own
             drop(ours);
             // Not the zygote's own socket, nor anything else it holds.
             process::close_fds_except(3, &[theirs.as_raw_fd()]);
-            stub_main(theirs, me, id, join)
+            stub_main(theirs, me, id, join, work)
         }
         (process::Forked::Parent { pid }, Some(pidfd)) => Ok((pid, pidfd, ours)),
         (process::Forked::Parent { .. }, None) => Err("clone returned no pidfd".into()),
