@@ -1,8 +1,8 @@
 //! How init turns a [`SpawnCommand`] into a hardened process.
 //!
 //! Order matters: session and stdio first; then limits and the capability
-//! bounding set (which needs CAP_SETPCAP, so before the uid change); then the
-//! uid change, the working directory and `no_new_privs`, right before
+//! sets (init has already dropped the bounding set, which every fork
+//! inherits); then the uid change, the working directory and `no_new_privs`, right before
 //! `execve`. The seccomp allowlist is already in force: init installed it on
 //! itself before reporting ready, and it is inherited across fork and exec.
 
@@ -81,7 +81,8 @@ pub fn exec_command(
             if hardening::set_rlimits(&setup.rlimits).is_err() {
                 stage(-3);
             }
-            if hardening::drop_capabilities(&hplan::default_capabilities()).is_err() {
+            // The bounding set was dropped by init, once, and inherited.
+            if hardening::limit_capabilities(&hplan::default_capabilities()).is_err() {
                 stage(-4);
             }
             if process::set_ids(cmd.uid, cmd.gid).is_err() {

@@ -36,6 +36,13 @@ pub fn run(plan: &SpawnPlan, ctl: OwnedFd, setup: OwnedFd) -> ! {
             if install_filter().is_err() {
                 process::exit_now(1);
             }
+            // Every command's bounding set, dropped once here and inherited
+            // by each fork, rather than in each command before its exec;
+            // init's own capabilities are unchanged. Fail closed as above.
+            let keep = crate::plan::hardening::default_capabilities();
+            if mayfly_sys::hardening::drop_bounding_set(&keep).is_err() {
+                process::exit_now(1);
+            }
             serve(plan, ctl)
         }
         Err(message) => {

@@ -106,6 +106,16 @@ pub fn set_no_new_privs() -> Result<(), HardeningError> {
 /// before permitted, because the kernel refuses an effective set larger than
 /// the permitted one.
 pub fn drop_capabilities(keep: &[Capability]) -> Result<(), HardeningError> {
+    drop_bounding_set(keep)?;
+    limit_capabilities(keep)
+}
+
+/// Drops every capability but `keep` from the bounding set (one
+/// `PR_CAPBSET_DROP`, and one new set of credentials, per capability). The
+/// bounding set is inherited by fork, so a process that forks many children
+/// (a sandbox's init) drops it once for all of them; it only limits what a
+/// later `execve` can gain, not the capabilities the caller holds now.
+pub fn drop_bounding_set(keep: &[Capability]) -> Result<(), HardeningError> {
     let keep_idx: HashSet<u8> = keep.iter().map(|c| c.index()).collect();
     for cap in 0..64u8 {
         if keep_idx.contains(&cap) {
@@ -121,6 +131,12 @@ pub fn drop_capabilities(keep: &[Capability]) -> Result<(), HardeningError> {
             return Err(HardeningError::BoundingSet { cap, source });
         }
     }
+    Ok(())
+}
+
+/// Clears the ambient set and narrows the inheritable, effective and
+/// permitted sets to `keep` (those of them the caller has).
+pub fn limit_capabilities(keep: &[Capability]) -> Result<(), HardeningError> {
     let set_err = |set| move |source| HardeningError::CapSet { set, source };
     caps::clear(None, CapSet::Ambient).map_err(set_err("ambient"))?;
     let permitted = caps::read(None, CapSet::Permitted).map_err(set_err("permitted"))?;
