@@ -343,3 +343,22 @@ pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub fn host_exists(p: impl AsRef<Path>) -> bool {
     std::fs::symlink_metadata(p).is_ok()
 }
+
+/// The CLI with no daemon: `--socket` names a path nothing listens on.
+pub fn daemonless_cmd(dir: &tempfile::TempDir, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--socket")
+        .arg(dir.path().join("no-daemon.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(args)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A daemonless CLI call's output.
+pub fn daemonless(dir: &tempfile::TempDir, args: &[&str]) -> Output {
+    daemonless_cmd(dir, args)
+        .output()
+        .expect("running the mayfly CLI")
+}
