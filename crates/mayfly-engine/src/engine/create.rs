@@ -154,13 +154,11 @@ impl Engine {
             )));
         }
 
-        // The stub (already in its cgroups) fixes the sandbox's id.
-        let ReadyStub {
-            id,
-            stub,
-            cgroup: stub_cgroup,
-        } = self.take_stub().await?;
-        let t_stub = t0.elapsed();
+        // The stub fixes the sandbox's id. The record, the uid lease and the
+        // plan are made while the stub may still be in the making (a
+        // daemonless run's stub starts with the process).
+        let pending = self.next_stub()?;
+        let id = pending.id.clone();
         let now = now_ms();
         let rec = SandboxRecord {
             id: id.clone(),
@@ -195,11 +193,9 @@ impl Engine {
         let (slot, cgroup, lease) = match (slot, cgroup, lease) {
             (Ok(s), Ok(c), Some(l)) => (s, c, l),
             (slot, cgroup, _) => {
-                self.discard_stub(ReadyStub {
-                    id: id.clone(),
-                    stub,
-                    cgroup: stub_cgroup,
-                });
+                if let Ok(s) = pending.task.await {
+                    self.discard_stub(s);
+                }
                 if slot.is_ok() {
                     let _ = inner
                         .store
@@ -211,8 +207,6 @@ impl Engine {
                     .unwrap_or_else(|| EngineError::Internal("create failed".into())));
             }
         };
-        // The record now names these cgroups; the stub marker is redundant.
-        self.forget_stub(&id);
         let uid_base = EngineConfig::uid_base(slot);
         let layers = plan_layers(&template, &inner.skeleton, &inner.host);
         let (dir, uppers) = sandbox_dirs(cfg, &id, layers.len());
@@ -233,6 +227,24 @@ impl Engine {
         };
 
         let t_plan = t0.elapsed();
+        let ReadyStub { stub, .. } = match pending.task.await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = inner.store.transition_with_event(
+                    &id,
+                    SandboxState::Failed,
+                    Some(&e.to_string()),
+                    (
+                        "failed",
+                        &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
+                    ),
+                );
+                return Err(e);
+            }
+        };
+        let t_stub = t0.elapsed();
+        // The record now names these cgroups; the stub marker is redundant.
+        self.forget_stub(&id);
         let (pid, pidfd, conn) = match self
             .bring_up(&id, &stub, &cgroup, &spawn, &limits, &lease)
             .await

@@ -24,6 +24,13 @@ pub(crate) struct ReadyStub {
     pub cgroup: CgroupPlan,
 }
 
+/// A stub whose id is known and which may still be in the making.
+pub(crate) struct PendingStub {
+    pub id: SandboxId,
+    pub task:
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<ReadyStub, EngineError>> + Send>>,
+}
+
 #[derive(Default)]
 pub(crate) struct StubPool {
     ready: Mutex<VecDeque<ReadyStub>>,
@@ -166,8 +173,12 @@ impl Engine {
         self.inner.maker.make(super::create::random_id()?).await
     }
 
-    /// A ready stub: from the pool when one is waiting, else made now.
-    pub(crate) async fn take_stub(&self) -> Result<ReadyStub, EngineError> {
+    /// The next stub, with its id (the future sandbox's) fixed now: from
+    /// the pool, or the one-shot engine's early stub, or one made now. A
+    /// create records the sandbox under that id while the stub is still
+    /// being made; an early stub that fails is replaced by one with the
+    /// same id.
+    pub(crate) fn next_stub(&self) -> Result<PendingStub, EngineError> {
         let pooled = self
             .inner
             .stubs
@@ -175,21 +186,37 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop_front();
-        // The pool is topped up once this create is done (see create.rs),
-        // so refilling does not compete with it for the CPU and the kernel's
-        // locks.
         if let Some(s) = pooled {
-            return Ok(s);
+            return Ok(PendingStub {
+                id: s.id.clone(),
+                task: Box::pin(std::future::ready(Ok(s))),
+            });
         }
-        let early = self.take_early_stub();
-        if let Some(early) = early {
-            match early.task.await {
-                Ok(Ok(s)) => return Ok(s),
-                Ok(Err(e)) => tracing::debug!(error = %e, "the early stub failed; making another"),
-                Err(e) => tracing::debug!(error = %e, "the early stub's task failed"),
-            }
+        let maker = self.inner.maker.clone();
+        if let Some(early) = self.take_early_stub() {
+            let id = early.id.clone();
+            let task = Box::pin(async move {
+                match early.task.await {
+                    Ok(Ok(s)) => return Ok(s),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "the early stub failed; making another")
+                    }
+                    Err(e) => tracing::debug!(error = %e, "the early stub's task failed"),
+                }
+                maker.make(early.id).await
+            });
+            return Ok(PendingStub { id, task });
         }
-        self.make_stub().await
+        let id = super::create::random_id()?;
+        let made = tokio::spawn({
+            let id = id.clone();
+            async move { maker.make(id).await }
+        });
+        let task = Box::pin(async move {
+            made.await
+                .map_err(|e| EngineError::Internal(format!("making a stub: {e}")))?
+        });
+        Ok(PendingStub { id, task })
     }
 
     /// Tops the pool up to its target in the background.
