@@ -230,16 +230,7 @@ impl Engine {
         let ReadyStub { stub, .. } = match pending.task.await {
             Ok(s) => s,
             Err(e) => {
-                let _ = inner.store.transition_with_event(
-                    &id,
-                    SandboxState::Failed,
-                    Some(&e.to_string()),
-                    (
-                        "failed",
-                        &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
-                    ),
-                );
-                return Err(e);
+                return Err(self.record_failed(&id, e, caller));
             }
         };
         let t_stub = t0.elapsed();
@@ -254,16 +245,7 @@ impl Engine {
                 stub.kill();
                 self.cleanup_failed(&id, &cgroup, &dir).await;
                 self.refill_stubs();
-                let _ = inner.store.transition_with_event(
-                    &id,
-                    SandboxState::Failed,
-                    Some(&e.to_string()),
-                    (
-                        "failed",
-                        &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
-                    ),
-                );
-                return Err(e);
+                return Err(self.record_failed(&id, e, caller));
             }
         };
         let sb = Arc::new(Sandbox::new(
@@ -303,6 +285,21 @@ impl Engine {
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
         self.refill_stubs();
         self.info(&id)
+    }
+
+    /// Records a create that failed after its record was made; returns the
+    /// error for the caller.
+    fn record_failed(&self, id: &SandboxId, e: EngineError, caller: &Caller) -> EngineError {
+        let _ = self.inner.store.transition_with_event(
+            id,
+            SandboxState::Failed,
+            Some(&e.to_string()),
+            (
+                "failed",
+                &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
+            ),
+        );
+        e
     }
 
     /// Host-side setup (directories, cgroup limits), then the stub clones
