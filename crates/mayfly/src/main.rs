@@ -44,7 +44,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     // A daemonless run's zygote starts making the run's sandbox stub right
     // away (see `mayfly_engine::start_one_shot_zygote`).
     let (zygote, one_shot) = match &cli.command {
-        Command::Serve(_) => (Some(mayfly_engine::Zygote::start(true)?), None),
+        Command::Serve(_) => (Some(mayfly_engine::Zygote::start()?), None),
         Command::Run(_) if needs_engine => {
             let mut cfg = cmd_run::engine_config(&cli);
             let zygote = mayfly_engine::start_one_shot_zygote(&mut cfg)?;

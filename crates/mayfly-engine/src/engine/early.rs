@@ -42,10 +42,8 @@ pub fn start_one_shot_zygote(cfg: &mut EngineConfig) -> Result<Zygote, EngineErr
         cgroup: cgroup.clone(),
         dir: cfg.sandboxes_dir().join(id.as_str()),
     };
-    let zygote = Zygote::start_one_shot(work)
-        .map_err(|e| EngineError::Internal(format!("starting the zygote: {e}")))?;
-    zygote.set_early(id, cgroup);
-    Ok(zygote)
+    Zygote::start_one_shot(id, cgroup, work)
+        .map_err(|e| EngineError::Internal(format!("starting the zygote: {e}")))
 }
 
 impl StubMaker {

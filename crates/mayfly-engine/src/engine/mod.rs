@@ -139,18 +139,14 @@ impl Engine {
             stubs_dir: cfg.stubs_dir(),
             sandboxes_dir: cfg.sandboxes_dir(),
         });
-        // A one-shot engine (`mayfly run`) will create exactly one sandbox
-        // right away: its stub (cgroups, network namespace, directories) is
-        // made by the zygote and the blocking pool while this thread opens
-        // the store and reconciles, instead of after. Should opening the
-        // store fail, the stub dies with the zygote when this process exits,
-        // and its marker (written before its cgroups) lets the next start's
-        // recovery remove the rest.
+        // A one-shot engine (`mayfly run`) adopts the stub its zygote forked
+        // as the process started (see `engine::early`); it goes on being
+        // made while this thread opens the store and reconciles. Should
+        // opening the store fail, the stub dies with the zygote when this
+        // process exits, and its marker (written before its cgroups) lets
+        // the next start's recovery remove the rest.
         let early_stub = match tokio::runtime::Handle::try_current() {
-            Ok(_) if cfg.stub_pool == 0 => match maker.adopt_early() {
-                Some(early) => Some(early),
-                None => Some(maker.start_early()?),
-            },
+            Ok(_) if cfg.stub_pool == 0 => maker.adopt_early(),
             _ => None,
         };
         let store = Store::open(&cfg.state_dir)?;

@@ -44,7 +44,13 @@ impl Engine {
     /// [`Engine::destroy_detached`] finds it ready. Call it right after the
     /// create, while the sandbox's command runs.
     pub fn prepare_reaper(&self, id: &SandboxId) -> Result<(), EngineError> {
-        let sb = self.lookup(id)?;
+        let task = self.spawn_reaper(self.lookup(id)?);
+        self.reapers().insert(id.clone(), task);
+        Ok(())
+    }
+
+    /// Has the zygote fork `sb`'s reaper, on a task.
+    fn spawn_reaper(&self, sb: std::sync::Arc<super::sandbox::Sandbox>) -> PendingReaper {
         let plan = ReapPlan {
             id: sb.id.clone(),
             dir: sb.dir.clone(),
@@ -54,7 +60,7 @@ impl Engine {
             state_dir: self.inner.cfg.state_dir.clone(),
         };
         let maker = self.inner.maker.clone();
-        let task = tokio::spawn(async move {
+        tokio::spawn(async move {
             let fail = |what: &str, e: &dyn std::fmt::Display| {
                 EngineError::Internal(format!("{what} for the reaper of {}: {e}", plan.id))
             };
@@ -74,9 +80,7 @@ impl Engine {
                 owner,
                 go: std::fs::File::from(go_w),
             })
-        });
-        self.reapers().insert(id.clone(), task);
-        Ok(())
+        })
     }
 
     fn reapers(
@@ -91,17 +95,8 @@ impl Engine {
     pub async fn destroy_detached(&self, id: &SandboxId, reason: &str) -> Result<(), EngineError> {
         let sb = self.lookup(id)?;
         let pending = self.reapers().remove(id);
-        if pending.is_none() {
-            self.prepare_reaper(id)?;
-        }
-        let pending = match pending {
-            Some(p) => Some(p),
-            None => self.reapers().remove(id),
-        };
-        let reaper = match pending {
-            Some(task) => task.await.ok().and_then(Result::ok),
-            None => None,
-        };
+        let pending = pending.unwrap_or_else(|| self.spawn_reaper(sb.clone()));
+        let reaper = pending.await.ok().and_then(Result::ok);
         let Some(reaper) = reaper else {
             tracing::warn!(%id, "no reaper; destroying in this process");
             self.destroy_sandbox(sb, reason).await?;

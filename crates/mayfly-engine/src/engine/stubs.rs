@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use mayfly_sys::cgroup::{CgroupLayout, CgroupPlan};
 use mayfly_types::{ResolvedLimits, SandboxId};
@@ -49,24 +49,14 @@ pub(crate) struct StubMaker {
     pub sandboxes_dir: PathBuf,
 }
 
-/// A stub being made in the background for the first create of a one-shot
-/// engine, and the id it will have (so recovery leaves it alone).
+/// A one-shot engine's stub, made from the process's start (see
+/// `engine::early`), and the id it will have.
 pub(crate) struct EarlyStub {
     pub id: SandboxId,
     pub task: tokio::task::JoinHandle<Result<ReadyStub, EngineError>>,
 }
 
 impl StubMaker {
-    /// Starts making a stub with a fresh id on the runtime, right away.
-    pub fn start_early(self: &Arc<Self>) -> Result<EarlyStub, EngineError> {
-        let id = super::create::random_id()?;
-        tracing::debug!(%id, "making the first stub ahead");
-        let maker = self.clone();
-        let id2 = id.clone();
-        let task = tokio::spawn(async move { maker.make(id2).await });
-        Ok(EarlyStub { id, task })
-    }
-
     /// Forks a stub for the future sandbox `id` and moves it into fresh
     /// cgroups; its directories are made meanwhile.
     pub async fn make(&self, id: SandboxId) -> Result<ReadyStub, EngineError> {

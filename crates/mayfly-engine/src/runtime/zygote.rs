@@ -34,29 +34,37 @@ impl Zygote {
     /// Call this before any other thread exists (before the tokio runtime
     /// is built): the zygote inherits a copy of the calling thread only.
     ///
-    /// A daemon's zygote (`many`) compiles the seccomp filter and reads this
-    /// binary ahead as it starts, so all its stubs inherit both. A one-shot
-    /// engine's zygote forks its single stub first: that stub compiles the
-    /// filter itself while it waits for its plan, and the read-ahead comes
-    /// after, so neither delays the one create that is waited for.
-    pub fn start(many: bool) -> Result<Zygote, RuntimeError> {
-        Self::start_with(many, None)
+    /// A daemon's zygote compiles the seccomp filter and reads this binary
+    /// ahead as it starts, so all its stubs inherit both. A one-shot
+    /// engine's zygote (see [`Zygote::start_one_shot`]) forks its single
+    /// stub first: that stub compiles the filter itself while it waits for
+    /// its plan, and the read-ahead comes after, so neither delays the one
+    /// create that is waited for.
+    pub fn start() -> Result<Zygote, RuntimeError> {
+        Self::start_with(None)
     }
 
-    /// Forks a one-shot engine's zygote, which forks `early`'s stub as its
-    /// first act; the engine takes it with [`Zygote::take_early_stub`].
-    pub(crate) fn start_one_shot(early: EarlyWork) -> Result<Zygote, RuntimeError> {
-        Self::start_with(false, Some(early))
+    /// Forks a one-shot engine's zygote, which forks `early`'s stub (for
+    /// the sandbox `id`, in `cgroup`) as its first act; the engine takes it
+    /// with [`Zygote::take_early_stub`].
+    pub(crate) fn start_one_shot(
+        id: SandboxId,
+        cgroup: CgroupPlan,
+        early: EarlyWork,
+    ) -> Result<Zygote, RuntimeError> {
+        let zygote = Self::start_with(Some(early))?;
+        *zygote.early.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, cgroup));
+        Ok(zygote)
     }
 
-    fn start_with(many: bool, early: Option<EarlyWork>) -> Result<Zygote, RuntimeError> {
+    fn start_with(early: Option<EarlyWork>) -> Result<Zygote, RuntimeError> {
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.
         match unsafe { process::fork() }.map_err(RuntimeError::Process)? {
             process::Forked::Child => {
                 drop(ours);
-                zygote_main(theirs, parent, many, early)
+                zygote_main(theirs, parent, early)
             }
             process::Forked::Parent { pid } => {
                 drop(theirs);
@@ -125,11 +133,6 @@ impl Zygote {
         }
     }
 
-    /// Records what the stub forked at start is for (see `engine::early`).
-    pub(crate) fn set_early(&self, id: SandboxId, cgroup: CgroupPlan) {
-        *self.early.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, cgroup));
-    }
-
     /// What the stub forked at start is for, once: None if there is none
     /// or it was taken.
     pub(crate) fn take_early(&self) -> Option<(SandboxId, CgroupPlan)> {
@@ -162,7 +165,7 @@ impl Zygote {
     }
 }
 
-fn zygote_main(sock: OwnedFd, parent: i32, many: bool, early: Option<EarlyWork>) -> ! {
+fn zygote_main(sock: OwnedFd, parent: i32, early: Option<EarlyWork>) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
         || std::os::unix::process::parent_id() as i32 != parent
     {
@@ -178,6 +181,8 @@ fn zygote_main(sock: OwnedFd, parent: i32, many: bool, early: Option<EarlyWork>)
         use std::os::fd::AsRawFd;
         process::close_fds_except(3, &[sock.as_raw_fd()]);
     }
+    // A daemon's zygote: everything it forks shares the warm-up.
+    let many = early.is_none();
     if many {
         warm_up();
     }
