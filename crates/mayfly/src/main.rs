@@ -47,7 +47,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve(_) => (Some(mayfly_engine::Zygote::start()?), None),
         Command::Run(_) if needs_engine => {
             let mut cfg = cmd_run::engine_config(&cli);
-            let zygote = mayfly_engine::start_one_shot_zygote(&mut cfg)?;
+            let req = match &cli.command {
+                Command::Run(a) => a.spec.request().ok(),
+                _ => None,
+            };
+            let zygote = mayfly_engine::start_one_shot_zygote(&mut cfg, req.as_ref())?;
             (None, Some((zygote, cfg)))
         }
         _ => (None, None),

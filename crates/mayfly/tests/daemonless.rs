@@ -324,3 +324,116 @@ fn run_json_output_is_an_exec_result() {
     );
     assert_runs_cleaned(&dir);
 }
+
+/// A daemonless run's sandbox is planned and brought up before its engine
+/// has started (see `engine::early`); it still gets what the run asked for:
+/// the memory limit (a hog is OOM-killed), the size of `/tmp`, and the
+/// sandbox-wide environment.
+#[test]
+fn a_daemonless_run_planned_at_start_gets_the_runs_own_settings() {
+    common::require_root();
+    let dir = test_dir();
+    let out = daemonless(
+        &dir,
+        &[
+            "run",
+            "--tmp",
+            "7m",
+            "--env",
+            "PLANNED=yes",
+            "--",
+            "sh",
+            "-c",
+            "echo $PLANNED; df -k /tmp | tail -1 | awk '{print $2}'",
+        ],
+    );
+    assert_eq!(expect_exit(&out, 0, "mayfly run"), "yes\n7168\n");
+    let out = daemonless(
+        &dir,
+        &[
+            "run",
+            "--memory",
+            "48m",
+            "--",
+            "python3",
+            "-c",
+            "b = bytearray(256 * 1024 * 1024); print('survived')",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "a 256 MiB hog under a 48 MiB limit: {out:?}"
+    );
+    assert!(!text(&out.stdout).contains("survived"), "{out:?}");
+    assert_runs_cleaned(&dir);
+}
+
+/// A daemonless run leases its uid slot before it can read the store. If
+/// the store still shows that slot held by a live sandbox (one whose owner
+/// let the lease go before recording its end), the run's create takes
+/// another slot, with a stub of its own under the same id, and the run
+/// succeeds; the stub made at start leaves nothing behind.
+#[test]
+fn a_run_whose_planned_slot_is_recorded_live_replans_and_succeeds() {
+    common::require_root();
+    let dir = test_dir();
+    let state = dir.path().join("state");
+    // Every slot a run tries to lease ahead is recorded live here, owned by
+    // this (live) test process, so recovery leaves the records alone.
+    let me = std::process::id();
+    let start = mayfly_sys::process::start_time(me).expect("this process's start time");
+    let fakes: Vec<SandboxId> = {
+        let store = mayfly_store::Store::open(&state).expect("opening the store");
+        (0..64u32)
+            .map(|n| {
+                let id: SandboxId = format!("mf-fake{n:08}").parse().expect("a valid id");
+                let rec = mayfly_store::SandboxRecord {
+                    id: id.clone(),
+                    state: SandboxState::Creating,
+                    template: "host".into(),
+                    created_at: 0,
+                    expires_at: u64::MAX / 2,
+                    limits: mayfly_types::ResolvedLimits {
+                        memory_bytes: 1 << 30,
+                        cpu_millis: 1000,
+                        pids: 512,
+                        tmp_bytes: 64 << 20,
+                        nofile: 1024,
+                    },
+                    labels: Default::default(),
+                    uid_slot: 0,
+                    owner_pid: me,
+                    owner_start: start,
+                    init_pid: None,
+                    reason: None,
+                    create_ms: None,
+                };
+                let slot = store
+                    .insert_sandbox(&rec, 64)
+                    .expect("recording a fake sandbox");
+                assert_eq!(slot, n);
+                id
+            })
+            .collect()
+    };
+    let out = daemonless_cmd(&dir, &["run", "--", "sh", "-c", "echo replanned"])
+        .env("MAYFLY_LOG", "mayfly_engine=debug")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("running the mayfly CLI");
+    assert_eq!(expect_exit(&out, 0, "mayfly run"), "replanned\n");
+    assert!(
+        text(&out.stderr).contains("replanning"),
+        "the run did not take the replanning path: {}",
+        text(&out.stderr)
+    );
+    let records = assert_runs_cleaned_but(&dir, &fakes);
+    let run: Vec<_> = records.iter().filter(|r| !fakes.contains(&r.id)).collect();
+    assert_eq!(run.len(), 1, "{records:?}");
+    assert!(
+        run[0].uid_slot >= 64,
+        "the run kept slot {}",
+        run[0].uid_slot
+    );
+}

@@ -95,9 +95,38 @@ pub(crate) fn make_dirs(dir: &Path, layers: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The bring-up plan of a sandbox: pure, from its settings, its id and its
+/// uid slot. `host` is the embedded template's skeleton and host entries.
+pub(crate) fn spawn_plan(
+    cfg: &EngineConfig,
+    id: &SandboxId,
+    slot: u32,
+    template: &TemplateRef,
+    limits: &mayfly_types::ResolvedLimits,
+    env: &std::collections::BTreeMap<String, String>,
+    host: (&Path, &[(&'static str, crate::template::HostEntry)]),
+) -> SpawnPlan {
+    let layers = plan_layers(template, host.0, host.1);
+    let (dir, uppers) = sandbox_dirs(cfg, id, layers.len());
+    let rootfs = PathBuf::from(ROOTFS);
+    SpawnPlan {
+        id: id.to_string(),
+        uid_base: EngineConfig::uid_base(slot),
+        uid_count: UIDS_PER_SANDBOX,
+        layers,
+        uppers,
+        workdir: dir,
+        before_pivot: mounts::before_pivot(&rootfs, limits),
+        rootfs,
+        after_pivot: mounts::after_pivot(),
+        rlimits: plan::hardening::default_rlimits(limits),
+        env: base_env(id, env),
+    }
+}
+
 /// Gives the upper directories to the sandbox's root: the merged root takes
 /// the upper's owner.
-fn own_uppers(uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
+pub(crate) fn own_uppers(uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
     for (upper, _) in uppers {
         std::os::unix::fs::chown(upper, Some(uid_base), Some(uid_base))?;
     }
@@ -177,19 +206,26 @@ impl Engine {
         };
         let cgroup = plan::cgroup::plan(inner.layout(), &id, &limits)
             .map_err(|e| EngineError::Internal(e.to_string()));
+        // A sandbox planned at start comes with its slot leased; the store
+        // takes that slot or none.
+        let mut pending = pending;
+        let mut planned = pending.planned.take();
         let mut lease = None;
-        let slot = inner
-            .store
-            .insert_sandbox_leasing(&rec, cfg.slots(), &mut |slot| {
-                lease = super::leases::try_lease(&cfg.slot_lease_dir, slot)?;
-                Ok(lease.is_some())
-            })
-            .map_err(|e| match e {
-                mayfly_store::StoreError::SlotsExhausted { max } => {
-                    EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
-                }
-                e => e.into(),
-            });
+        let mut slot = self.insert_leasing(&rec, planned.as_ref(), &mut lease);
+        if planned.is_some() && matches!(slot, Err(EngineError::Exhausted(_))) {
+            // The slot leased at start is one that a record still shows live
+            // (a sandbox whose owner let its lease go before recording its
+            // end). This sandbox takes another slot, and a stub of its own
+            // under the same id; the early one goes, with its init.
+            tracing::debug!(%id, "the uid slot planned at start is recorded live; replanning");
+            if let Ok(s) = pending.task.await {
+                self.discard_stub(s);
+            }
+            let (maker, id2) = (inner.maker.clone(), id.clone());
+            pending.task = Box::pin(async move { maker.make(id2).await });
+            planned = None;
+            slot = self.insert_leasing(&rec, None, &mut lease);
+        }
         let (slot, cgroup, lease) = match (slot, cgroup, lease) {
             (Ok(s), Ok(c), Some(l)) => (s, c, l),
             (slot, cgroup, _) => {
@@ -208,26 +244,36 @@ impl Engine {
             }
         };
         let uid_base = EngineConfig::uid_base(slot);
-        let layers = plan_layers(&template, &inner.skeleton, &inner.host);
-        let (dir, uppers) = sandbox_dirs(cfg, &id, layers.len());
-        let env = base_env(&id, &req.env);
-        let rootfs = PathBuf::from(ROOTFS);
-        let spawn = SpawnPlan {
-            id: id.to_string(),
-            uid_base,
-            uid_count: UIDS_PER_SANDBOX,
-            layers,
-            uppers,
-            workdir: dir.clone(),
-            before_pivot: mounts::before_pivot(&rootfs, &limits),
-            rootfs,
-            after_pivot: mounts::after_pivot(),
-            rlimits: plan::hardening::default_rlimits(&limits),
-            env: env.clone(),
-        };
+        let spawn = spawn_plan(
+            cfg,
+            &id,
+            slot,
+            &template,
+            &limits,
+            &req.env,
+            (&inner.skeleton, &inner.host),
+        );
+        let (dir, env) = (spawn.workdir.clone(), spawn.env.clone());
+        if let Some(p) = &planned {
+            // Made by this same code before the runtime started; a
+            // difference would be a bug, and the stub's init runs the
+            // other plan, so the create fails rather than record a lie.
+            if p.plan != spawn {
+                if let Ok(s) = pending.task.await {
+                    self.discard_stub(s);
+                }
+                return Err(self.record_failed(
+                    &id,
+                    EngineError::Internal(
+                        "the sandbox planned at start differs from its create".into(),
+                    ),
+                    caller,
+                ));
+            }
+        }
 
         let t_plan = t0.elapsed();
-        let ReadyStub { stub, .. } = match pending.task.await {
+        let ReadyStub { stub, spawned, .. } = match pending.task.await {
             Ok(s) => s,
             Err(e) => {
                 return Err(self.record_failed(&id, e, caller));
@@ -237,7 +283,7 @@ impl Engine {
         // The record now names these cgroups; the stub marker is redundant.
         self.forget_stub(&id);
         let (pid, pidfd, conn) = match self
-            .bring_up(&id, &stub, &cgroup, &spawn, &limits, &lease)
+            .bring_up(&id, &stub, spawned, &cgroup, &spawn, &limits, &lease)
             .await
         {
             Ok(x) => x,
@@ -287,6 +333,36 @@ impl Engine {
         self.info(&id)
     }
 
+    /// Records `rec` in state `creating` with a uid slot: the one `planned`
+    /// leased, or the lowest free one, leased host-wide into `lease`.
+    fn insert_leasing(
+        &self,
+        rec: &SandboxRecord,
+        planned: Option<&super::stubs::Planned>,
+        lease: &mut Option<std::fs::File>,
+    ) -> Result<u32, EngineError> {
+        let cfg = &self.inner.cfg;
+        self.inner
+            .store
+            .insert_sandbox_leasing(rec, cfg.slots(), &mut |slot| match planned {
+                Some(p) if p.slot == slot => {
+                    *lease = Some(p.lease.try_clone()?);
+                    Ok(true)
+                }
+                Some(_) => Ok(false),
+                None => {
+                    *lease = super::leases::try_lease(&cfg.slot_lease_dir, slot)?;
+                    Ok(lease.is_some())
+                }
+            })
+            .map_err(|e| match e {
+                mayfly_store::StoreError::SlotsExhausted { max } => {
+                    EngineError::Exhausted(format!("all {max} sandbox id ranges are in use"))
+                }
+                e => e.into(),
+            })
+    }
+
     /// Records a create that failed after its record was made; returns the
     /// error for the caller.
     fn record_failed(&self, id: &SandboxId, e: EngineError, caller: &Caller) -> EngineError {
@@ -304,10 +380,12 @@ impl Engine {
 
     /// Host-side setup (directories, cgroup limits), then the stub clones
     /// init and init reports ready.
+    #[allow(clippy::too_many_arguments)]
     async fn bring_up(
         &self,
         id: &SandboxId,
         stub: &StubHandle,
+        planned: bool,
         cgroup: &mayfly_sys::cgroup::CgroupPlan,
         plan: &SpawnPlan,
         limits: &mayfly_types::ResolvedLimits,
@@ -316,23 +394,29 @@ impl Engine {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
-        // The sandbox's directory is init's working directory. Every stub
-        // comes with the directories of `STUB_LAYERS` layers already made.
-        if plan.uppers.len() > STUB_LAYERS {
-            make_dirs(&plan.workdir, plan.uppers.len())
-                .map_err(|e| internal("creating directories", &e))?;
+        let spawned = if planned {
+            // The stub made all of this from the same plan, and its cgroups
+            // with the create's limits, and cloned init on its own.
+            stub.spawned().await
+        } else {
+            // The sandbox's directory is init's working directory. Every
+            // stub comes with the directories of `STUB_LAYERS` layers
+            // already made.
+            if plan.uppers.len() > STUB_LAYERS {
+                make_dirs(&plan.workdir, plan.uppers.len())
+                    .map_err(|e| internal("creating directories", &e))?;
+            }
+            own_uppers(&plan.uppers, plan.uid_base)
+                .map_err(|e| internal("giving the upper directories to the sandbox", &e))?;
+            // The stub's cgroups were made with the default limits; only
+            // other limits need writing.
+            if limits != &self.inner.cfg.default_limits {
+                mayfly_sys::cgroup::apply(cgroup)
+                    .map_err(|e| internal("setting cgroup limits", &e))?;
+            }
+            stub.spawn(plan, lease.as_fd()).await
         }
-        own_uppers(&plan.uppers, plan.uid_base)
-            .map_err(|e| internal("giving the upper directories to the sandbox", &e))?;
-        // The stub's cgroups were made with the default limits; only other
-        // limits need writing.
-        if limits != &self.inner.cfg.default_limits {
-            mayfly_sys::cgroup::apply(cgroup).map_err(|e| internal("setting cgroup limits", &e))?;
-        }
-        let spawned = stub
-            .spawn(plan, lease.as_fd())
-            .await
-            .map_err(|e| internal("spawning init", &e))?;
+        .map_err(|e| internal("spawning init", &e))?;
         let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)
             .map_err(|e| internal("watching init", &e))?;
         let conn = InitConn::new(spawned.ctl).map_err(|e| internal("connecting to init", &e))?;

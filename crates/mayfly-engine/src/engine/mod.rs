@@ -75,6 +75,13 @@ pub(crate) fn make_stub_dirs(dir: &std::path::Path) -> std::io::Result<()> {
     create::make_dirs(dir, create::STUB_LAYERS)
 }
 
+/// A planned sandbox's directories, its upper directories given to its
+/// root (what the engine does before it sends a plan).
+pub(crate) fn make_planned_dirs(plan: &crate::runtime::proto::SpawnPlan) -> std::io::Result<()> {
+    create::make_dirs(&plan.workdir, plan.uppers.len())?;
+    create::own_uppers(&plan.uppers, plan.uid_base)
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

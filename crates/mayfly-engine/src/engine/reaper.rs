@@ -72,6 +72,7 @@ impl Engine {
                     sb.pidfd.get_ref().as_fd(),
                     sb.stub.pidfd.as_fd(),
                     go_r.as_fd(),
+                    sb.lease.as_fd(),
                 )
                 .await
                 .map_err(|e| fail("forking", &e))?;
@@ -134,7 +135,17 @@ impl Engine {
 /// death), wait for init's exit, kill the stub, remove the remains, record
 /// the end, and remove the shared `mayfly` cgroup parents if nothing else
 /// uses them.
-pub(crate) fn reaper_main(plan: ReapPlan, init: OwnedFd, stub: OwnedFd, go: OwnedFd) -> ! {
+/// It holds the sandbox's uid slot lease until it exits, after recording
+/// the end: a slot whose lease is free is then never one that a record
+/// still shows live (a daemonless run leases its slot before it can read
+/// the store; see `engine::early`).
+pub(crate) fn reaper_main(
+    plan: ReapPlan,
+    init: OwnedFd,
+    stub: OwnedFd,
+    go: OwnedFd,
+    _lease: OwnedFd,
+) -> ! {
     process::wipe_cmdline_and_environ("mayfly-reaper");
     let mut go = std::fs::File::from(go);
     let mut byte = [0u8; 1];

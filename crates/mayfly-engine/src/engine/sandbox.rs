@@ -38,8 +38,9 @@ pub(crate) struct Sandbox {
     pub destroyed: Notify,
     pub done: AtomicBool,
     /// The host-wide lease on the uid range, released when the sandbox is
-    /// dropped (the stub holds a copy while it lives).
-    _lease: std::fs::File,
+    /// dropped (the stub holds a copy while it lives, and a daemonless
+    /// run's reaper one until it has recorded the end).
+    pub lease: std::fs::File,
 }
 
 impl Sandbox {
@@ -74,7 +75,7 @@ impl Sandbox {
             stopping: AtomicBool::new(false),
             destroyed: Notify::new(),
             done: AtomicBool::new(false),
-            _lease: lease,
+            lease,
         }
     }
 

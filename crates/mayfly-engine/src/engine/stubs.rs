@@ -22,6 +22,9 @@ pub(crate) struct ReadyStub {
     pub id: SandboxId,
     pub stub: StubHandle,
     pub cgroup: CgroupPlan,
+    /// The stub was forked with its sandbox's plan and clones init on its
+    /// own (see `engine::early`).
+    pub spawned: bool,
 }
 
 /// A stub whose id is known and which may still be in the making.
@@ -29,7 +32,11 @@ pub(crate) struct PendingStub {
     pub id: SandboxId,
     pub task:
         std::pin::Pin<Box<dyn std::future::Future<Output = Result<ReadyStub, EngineError>> + Send>>,
+    /// The sandbox as planned before the runtime started, if it was.
+    pub planned: Option<Planned>,
 }
+
+pub(crate) use crate::runtime::zygote::Planned;
 
 #[derive(Default)]
 pub(crate) struct StubPool {
@@ -54,6 +61,7 @@ pub(crate) struct StubMaker {
 pub(crate) struct EarlyStub {
     pub id: SandboxId,
     pub task: tokio::task::JoinHandle<Result<ReadyStub, EngineError>>,
+    pub planned: Option<Planned>,
 }
 
 impl StubMaker {
@@ -82,7 +90,14 @@ impl StubMaker {
         });
         let (made, stub) = tokio::join!(dirs, self.stub_in_cgroups(&id, &cgroup));
         let failure = match (made, stub) {
-            (Ok(Ok(())), Ok(stub)) => return Ok(ReadyStub { id, stub, cgroup }),
+            (Ok(Ok(())), Ok(stub)) => {
+                return Ok(ReadyStub {
+                    id,
+                    stub,
+                    cgroup,
+                    spawned: false,
+                })
+            }
             (made, Ok(stub)) => {
                 stub.kill();
                 format!("making the directories of {id}: {made:?}")
@@ -180,11 +195,15 @@ impl Engine {
             return Ok(PendingStub {
                 id: s.id.clone(),
                 task: Box::pin(std::future::ready(Ok(s))),
+                planned: None,
             });
         }
         let maker = self.inner.maker.clone();
-        if let Some(early) = self.take_early_stub() {
+        if let Some(mut early) = self.take_early_stub() {
             let id = early.id.clone();
+            // If the early stub failed, its replacement is sent the same
+            // plan, with the same lease, as any other stub.
+            let planned = early.planned.take();
             let task = Box::pin(async move {
                 match early.task.await {
                     Ok(Ok(s)) => return Ok(s),
@@ -195,7 +214,7 @@ impl Engine {
                 }
                 maker.make(early.id).await
             });
-            return Ok(PendingStub { id, task });
+            return Ok(PendingStub { id, task, planned });
         }
         let id = super::create::random_id()?;
         let made = tokio::spawn({
@@ -206,7 +225,11 @@ impl Engine {
             made.await
                 .map_err(|e| EngineError::Internal(format!("making a stub: {e}")))?
         });
-        Ok(PendingStub { id, task })
+        Ok(PendingStub {
+            id,
+            task,
+            planned: None,
+        })
     }
 
     /// Tops the pool up to its target in the background.

@@ -43,6 +43,11 @@ pub use mayfly_sys::hardening::{BpfProgram, SeccompProgram as Filter};
 /// The default policy, embedded at build time.
 pub const DEFAULT_POLICY: &str = include_str!("../../seccomp/default.json");
 
+/// [`DEFAULT_POLICY`] compiled and laid out by the build script.
+mod compiled {
+    include!(concat!(env!("OUT_DIR"), "/seccomp_default.rs"));
+}
+
 /// Why the default filter could not be built. Creation must then fail: a
 /// command never runs without its filter.
 #[derive(Debug, thiserror::Error)]
@@ -62,19 +67,15 @@ pub fn default_filter() -> Result<Filter, SeccompPlanError> {
     default_filter_for(arch)
 }
 
-/// The default filter compiled for `arch`, laid out as a binary search on
-/// the syscall number. A filter the layout cannot handle stays linear (the
-/// same policy, slower to install and to run), and that is logged.
+/// The default filter for `arch`, laid out as a binary search on the
+/// syscall number. It was compiled by the build script (`build.rs`), so
+/// this only copies it; a filter the layout could not handle stayed linear
+/// (the same policy, slower), and the build said so.
 pub fn default_filter_for(arch: TargetArch) -> Result<Filter, SeccompPlanError> {
     if arch != TargetArch::x86_64 {
         return Err(SeccompPlanError::UnsupportedArch { arch });
     }
-    let filter = Filter::from_json(DEFAULT_POLICY, arch)
-        .map_err(|source| SeccompPlanError::Compile { source })?;
-    for (name, reason) in filter.linear_fallbacks() {
-        tracing::warn!(filter = %name, %reason, "seccomp filter kept its linear layout: slower to install and run");
-    }
-    Ok(filter)
+    Filter::from_compiled(compiled::COMPILED).map_err(|source| SeccompPlanError::Compile { source })
 }
 
 #[cfg(test)]
@@ -400,10 +401,25 @@ mod tests {
     /// the x32 bit, a foreign architecture, and every argument value above
     /// in each of arguments 0 to 2, for every number (a superset of the
     /// syscalls with rules).
+    /// The program compiled at build time is the policy as it reads now,
+    /// compiled and laid out at run time: the build cannot drift from it.
+    #[test]
+    fn the_filter_compiled_at_build_time_is_the_policy_compiled_now() {
+        let now = Filter::from_json(DEFAULT_POLICY, TargetArch::x86_64).unwrap();
+        let built = default_filter().unwrap();
+        assert_eq!(built.filters().len(), now.filters().len());
+        let instructions: usize = built.filters().iter().map(|(_, p)| p.len()).sum();
+        assert!(instructions > 100, "{instructions} instructions");
+        assert_eq!(built, now);
+    }
+
     #[test]
     fn the_installed_tree_gives_the_verdicts_of_seccompilers_linear_program() {
         let tree = default_filter().unwrap();
-        let fallbacks = tree.linear_fallbacks();
+        let fallbacks = Filter::from_json(DEFAULT_POLICY, TargetArch::x86_64)
+            .unwrap()
+            .linear_fallbacks()
+            .to_vec();
         assert!(fallbacks.is_empty(), "{fallbacks:?}");
         let linear = Filter::from_json_linear(DEFAULT_POLICY, TargetArch::x86_64).unwrap();
         assert_ne!(tree.filters(), linear.filters());

@@ -48,9 +48,9 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 static FILTER: std::sync::OnceLock<Result<crate::plan::seccomp::Filter, String>> =
     std::sync::OnceLock::new();
 
-/// The seccomp allowlist, compiled once (from its JSON policy, about a
-/// millisecond) in the daemon before the zygote is forked; the zygote, the
-/// stubs and every init inherit the compiled program by fork.
+/// The seccomp allowlist, as the build compiled it (see `build.rs`), made
+/// once per process: a daemon's zygote makes it before it forks, so its
+/// stubs and every init inherit it.
 pub fn compiled_filter() -> Result<&'static crate::plan::seccomp::Filter, String> {
     FILTER
         .get_or_init(|| crate::plan::seccomp::default_filter().map_err(|e| chain(&e)))

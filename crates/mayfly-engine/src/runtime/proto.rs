@@ -41,16 +41,14 @@ pub enum ZygoteRequest {
     /// moves itself into the cgroups whose `tasks` files are listed (v1).
     ForkStub { id: String, join: Vec<PathBuf> },
     /// Fork a detached reaper that finishes destroying a sandbox after the
-    /// requester has gone (see `engine::reaper`). Carries three
-    /// descriptors: the sandbox's init pidfd, its stub's pidfd, and the
-    /// read end of the pipe that hands the sandbox over.
+    /// requester has gone (see `engine::reaper`). Carries four
+    /// descriptors: the sandbox's init pidfd, its stub's pidfd, the read
+    /// end of the pipe that hands the sandbox over, and its uid slot's
+    /// lease.
     Reap { plan: Box<ReapPlan> },
-    /// Hand over the stub a one-shot zygote forked as it started (see
-    /// [`EarlyWork`]); answered like `ForkStub`.
-    TakeEarly,
 }
 
-/// What a one-shot zygote's first stub does itself, before it joins its
+/// What a one-shot engine's stub does itself, before it joins its
 /// cgroups and makes its namespaces: everything a daemonless run's create
 /// would otherwise wait for, started as soon as the process does (see
 /// `engine::early`). Handed down by fork, never sent.
@@ -64,8 +62,17 @@ pub struct EarlyWork {
     pub marker: PathBuf,
     pub marker_text: String,
     pub cgroup: mayfly_sys::cgroup::CgroupPlan,
-    /// `<state>/sandboxes/<id>`, made with the `host` template's layers.
+    /// `<state>/sandboxes/<id>`, made with the `host` template's layers
+    /// (or with the plan's).
     pub dir: PathBuf,
+    /// The whole sandbox, planned before the process forked anything: the
+    /// stub then clones init as soon as its namespaces are made, without
+    /// waiting for the engine. The engine checks that the plan it makes
+    /// itself is this one.
+    pub plan: Option<SpawnPlan>,
+    /// The uid slot's lease (inherited by fork), which the stub holds for
+    /// its life.
+    pub lease_fd: Option<i32>,
 }
 
 /// What a reaper removes and records. Built by the engine from a live

@@ -58,6 +58,12 @@ impl StubHandle {
     ) -> Result<Spawned, RuntimeError> {
         let req = serde_json::to_vec(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         self.chan.send(&req, &[keep])?;
+        self.spawned().await
+    }
+
+    /// Waits for the init the stub cloned: on request ([`StubHandle::spawn`])
+    /// or, for a stub that was given its plan when forked, on its own.
+    pub async fn spawned(&self) -> Result<Spawned, RuntimeError> {
         let (data, mut fds) = self.chan.recv().await?;
         match serde_json::from_slice::<StubReply>(&data) {
             Ok(StubReply::Spawned { pid }) if fds.len() == 2 => {
@@ -81,13 +87,13 @@ impl StubHandle {
 /// Never returns.
 pub(super) fn stub_main(
     sock: OwnedFd,
-    zygote: i32,
+    parent: i32,
     id: &str,
     join: &[std::path::PathBuf],
-    work: Option<EarlyWork>,
+    mut work: Option<EarlyWork>,
 ) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
-        || std::os::unix::process::parent_id() as i32 != zygote
+        || std::os::unix::process::parent_id() as i32 != parent
     {
         process::exit_now(1);
     }
@@ -111,20 +117,24 @@ pub(super) fn stub_main(
     if failed || !matches!(sent, Ok(Ok(()))) {
         process::exit_now(1);
     }
-    // Idle until the plan comes: compile the seccomp filter now unless it
-    // was inherited (a one-shot zygote does not compile it), so init has
-    // it without waiting.
-    let _ = super::compiled_filter();
-    let mut buf = Vec::new();
     // What comes with the plan (the uid slot's lease) is held until this
-    // process exits; init closes its inherited copies first thing.
-    let _kept = match ipc::recv(sock.as_fd(), &mut buf, false) {
-        Ok(fds) => fds,
-        Err(_) => process::exit_now(0),
-    };
-    let reply = match serde_json::from_slice::<SpawnPlan>(&buf) {
-        Ok(plan) => spawn_init(&plan),
-        Err(e) => Err(format!("bad plan: {e}")),
+    // process exits; init closes its inherited copies first thing. A
+    // planned stub inherited its lease and keeps it the same way.
+    let mut _kept = Vec::new();
+    let reply = match work.as_mut().and_then(|w| w.plan.take()) {
+        // Planned ahead: init is cloned at once.
+        Some(plan) => spawn_init(&plan),
+        None => {
+            let mut buf = Vec::new();
+            _kept = match ipc::recv(sock.as_fd(), &mut buf, false) {
+                Ok(fds) => fds,
+                Err(_) => process::exit_now(0),
+            };
+            match serde_json::from_slice::<SpawnPlan>(&buf) {
+                Ok(plan) => spawn_init(&plan),
+                Err(e) => Err(format!("bad plan: {e}")),
+            }
+        }
     };
     match reply {
         Ok((pid, pidfd, ctl)) => {
@@ -159,7 +169,10 @@ fn early_work(w: &EarlyWork) -> Result<(), String> {
         .and_then(|()| std::fs::rename(&temp, &w.marker))
         .map_err(|e| err(&w.marker.display(), &e))?;
     mayfly_sys::cgroup::apply(&w.cgroup).map_err(|e| err(&"creating cgroups", &e))?;
-    crate::engine::make_stub_dirs(&w.dir).map_err(|e| err(&w.dir.display(), &e))
+    match &w.plan {
+        None => crate::engine::make_stub_dirs(&w.dir).map_err(|e| err(&w.dir.display(), &e)),
+        Some(plan) => crate::engine::make_planned_dirs(plan).map_err(|e| err(&w.dir.display(), &e)),
+    }
 }
 
 /// Moves this (single-threaded) process into v1 cgroups by writing `0` to

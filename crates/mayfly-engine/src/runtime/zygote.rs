@@ -23,9 +23,27 @@ pub struct Zygote {
     chan: tokio::sync::Mutex<Option<AsyncSeq>>,
     sock: std::sync::Mutex<Option<OwnedFd>>,
     pub pid: i32,
-    /// The id and cgroups of the stub a one-shot zygote forked as it
-    /// started, until the engine adopts it.
-    early: std::sync::Mutex<Option<(SandboxId, CgroupPlan)>>,
+    /// The stub a one-shot engine forked as it started (see
+    /// [`Zygote::start_one_shot`]), until the engine adopts it.
+    early: std::sync::Mutex<Option<EarlyFork>>,
+}
+
+/// A one-shot engine's early stub: its sandbox's id and cgroups, and the
+/// stub's pid, pidfd and socket.
+pub(crate) struct EarlyFork {
+    pub id: SandboxId,
+    pub cgroup: CgroupPlan,
+    /// Set when the stub was forked with its sandbox's plan.
+    pub planned: Option<Planned>,
+    stub: (i32, OwnedFd, OwnedFd),
+}
+
+/// A sandbox planned at a one-shot engine's start: its uid slot, leased
+/// then, and its bring-up plan, which its stub was forked with.
+pub(crate) struct Planned {
+    pub slot: u32,
+    pub lease: std::fs::File,
+    pub plan: super::proto::SpawnPlan,
 }
 
 impl Zygote {
@@ -35,36 +53,42 @@ impl Zygote {
     /// is built): the zygote inherits a copy of the calling thread only.
     ///
     /// A daemon's zygote compiles the seccomp filter and reads this binary
-    /// ahead as it starts, so all its stubs inherit both. A one-shot
-    /// engine's zygote (see [`Zygote::start_one_shot`]) forks its single
-    /// stub first: that stub compiles the filter itself while it waits for
-    /// its plan, and the read-ahead comes after, so neither delays the one
-    /// create that is waited for.
+    /// ahead as it starts, so all its stubs inherit both.
     pub fn start() -> Result<Zygote, RuntimeError> {
-        Self::start_with(None)
+        Self::start_with(true)
     }
 
-    /// Forks a one-shot engine's zygote, which forks `early`'s stub (for
-    /// the sandbox `id`, in `cgroup`) as its first act; the engine takes it
+    /// A one-shot engine's start: this process forks `early`'s stub (for
+    /// the sandbox `id`, in `cgroup`) itself, as its first act, then the
+    /// zygote (which then only forks the reaper). The engine takes the stub
     /// with [`Zygote::take_early_stub`].
     pub(crate) fn start_one_shot(
         id: SandboxId,
         cgroup: CgroupPlan,
         early: EarlyWork,
+        planned: Option<Planned>,
     ) -> Result<Zygote, RuntimeError> {
-        let zygote = Self::start_with(Some(early))?;
-        *zygote.early.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, cgroup));
+        let me = std::process::id() as i32;
+        let (sid, join) = (early.id.clone(), early.join.clone());
+        let stub = fork_stub(me, &sid, &join, Some(early)).map_err(RuntimeError::Setup)?;
+        let zygote = Self::start_with(false)?;
+        *zygote.early.lock().unwrap_or_else(|p| p.into_inner()) = Some(EarlyFork {
+            id,
+            cgroup,
+            planned,
+            stub,
+        });
         Ok(zygote)
     }
 
-    fn start_with(early: Option<EarlyWork>) -> Result<Zygote, RuntimeError> {
+    fn start_with(warm: bool) -> Result<Zygote, RuntimeError> {
         let (ours, theirs) = ipc::seqpacket_pair().map_err(RuntimeError::Ipc)?;
         let parent = std::process::id() as i32;
         // SAFETY: the caller guarantees the process is single-threaded.
         match unsafe { process::fork() }.map_err(RuntimeError::Process)? {
             process::Forked::Child => {
                 drop(ours);
-                zygote_main(theirs, parent, early)
+                zygote_main(theirs, parent, warm)
             }
             process::Forked::Parent { pid } => {
                 drop(theirs);
@@ -133,18 +157,25 @@ impl Zygote {
         }
     }
 
-    /// What the stub forked at start is for, once: None if there is none
-    /// or it was taken.
-    pub(crate) fn take_early(&self) -> Option<(SandboxId, CgroupPlan)> {
+    /// The stub forked at start, once: None if there is none or it was
+    /// taken.
+    pub(crate) fn take_early(&self) -> Option<EarlyFork> {
         self.early.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
+}
 
-    /// Takes the stub a one-shot zygote forked as it started, once it has
-    /// done its work and prepared its namespaces.
-    pub(crate) async fn take_early_stub(&self) -> Result<StubHandle, RuntimeError> {
-        self.stub_reply(ZygoteRequest::TakeEarly).await
+impl EarlyFork {
+    /// The early stub, once it has done its work and prepared its
+    /// namespaces. Call inside the runtime.
+    pub(crate) async fn prepared(self) -> Result<StubHandle, RuntimeError> {
+        let (pid, pidfd, sock) = self.stub;
+        let stub = StubHandle::new(pid, pidfd, sock)?;
+        stub.wait_prepared().await?;
+        Ok(stub)
     }
+}
 
+impl Zygote {
     /// Has the zygote fork a detached reaper for a sandbox; returns the
     /// reaper's pid. The reaper outlives this process.
     pub async fn fork_reaper(
@@ -153,11 +184,12 @@ impl Zygote {
         init_pidfd: std::os::fd::BorrowedFd<'_>,
         stub_pidfd: std::os::fd::BorrowedFd<'_>,
         go: std::os::fd::BorrowedFd<'_>,
+        lease: std::os::fd::BorrowedFd<'_>,
     ) -> Result<i32, RuntimeError> {
         let req = ZygoteRequest::Reap {
             plan: Box::new(plan.clone()),
         };
-        match self.ask(&req, &[init_pidfd, stub_pidfd, go]).await? {
+        match self.ask(&req, &[init_pidfd, stub_pidfd, go, lease]).await? {
             (ZygoteReply::Detached { pid }, _) => Ok(pid),
             (ZygoteReply::Failed { message }, _) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
@@ -165,7 +197,7 @@ impl Zygote {
     }
 }
 
-fn zygote_main(sock: OwnedFd, parent: i32, early: Option<EarlyWork>) -> ! {
+fn zygote_main(sock: OwnedFd, parent: i32, warm: bool) -> ! {
     if process::set_parent_death_signal(libc::SIGKILL).is_err()
         || std::os::unix::process::parent_id() as i32 != parent
     {
@@ -182,16 +214,11 @@ fn zygote_main(sock: OwnedFd, parent: i32, early: Option<EarlyWork>) -> ! {
         process::close_fds_except(3, &[sock.as_raw_fd()]);
     }
     // A daemon's zygote: everything it forks shares the warm-up.
-    let many = early.is_none();
-    if many {
+    if warm {
         warm_up();
     }
-    let mut read_ahead = many;
-    // Forked before anything else, so the stub's own work (its marker,
-    // cgroups and directories, then its namespaces) runs while the engine
-    // starts up. A failure is the stub's to report when it is taken.
-    let mut early = early
-        .map(|w| fork_stub(&w.id.clone(), &w.join.clone(), Some(w)).map_err(|e| e.to_string()));
+    let mut read_ahead = warm;
+    let me = std::process::id() as i32;
     // Stubs, and inits orphaned when their stub dies first, are reaped by
     // the kernel at once (SIGCHLD ignored, and this process is their
     // subreaper rather than the host's pid 1); the daemon watches them
@@ -205,12 +232,8 @@ fn zygote_main(sock: OwnedFd, parent: i32, early: Option<EarlyWork>) -> ! {
         };
         let sent = match serde_json::from_slice::<ZygoteRequest>(&buf) {
             Ok(ZygoteRequest::ForkStub { id, join }) => {
-                forked(sock.as_fd(), fork_stub(&id, &join, None))
+                forked(sock.as_fd(), fork_stub(me, &id, &join, None))
             }
-            Ok(ZygoteRequest::TakeEarly) => match early.take() {
-                Some(stub) => forked(sock.as_fd(), stub),
-                None => failed(sock.as_fd(), "this zygote has no early stub".into()),
-            },
             Ok(ZygoteRequest::Reap { plan }) => match fork_reaper(*plan, fds) {
                 Ok(pid) => serde_json::to_vec(&ZygoteReply::Detached { pid })
                     .map(|m| ipc::send(sock.as_fd(), &m, &[])),
@@ -262,12 +285,13 @@ fn failed(sock: std::os::fd::BorrowedFd<'_>, message: String) -> Sent {
 /// it), its standard streams on `/dev/null` so it never holds a pipe the
 /// requester's caller reads to its end, and no descriptor but the two pidfds.
 fn fork_reaper(plan: ReapPlan, mut fds: Vec<OwnedFd>) -> Result<i32, String> {
-    if fds.len() != 3 {
+    if fds.len() != 4 {
         return Err(format!(
-            "a reap request carries 3 descriptors, not {}",
+            "a reap request carries 4 descriptors, not {}",
             fds.len()
         ));
     }
+    let lease = fds.pop().ok_or("no uid slot lease")?;
     let go = fds.pop().ok_or("no hand-over pipe")?;
     let stub = fds.pop().ok_or("no stub pidfd")?;
     let init = fds.pop().ok_or("no init pidfd")?;
@@ -278,29 +302,43 @@ fn fork_reaper(plan: ReapPlan, mut fds: Vec<OwnedFd>) -> Result<i32, String> {
             let _ = process::setsid();
             process::reset_signals();
             process::stdio_to_dev_null();
-            let keep = [init.as_raw_fd(), stub.as_raw_fd(), go.as_raw_fd()];
+            let keep = [
+                init.as_raw_fd(),
+                stub.as_raw_fd(),
+                go.as_raw_fd(),
+                lease.as_raw_fd(),
+            ];
             process::close_fds_except(3, &keep);
-            crate::engine::reaper::reaper_main(plan, init, stub, go)
+            crate::engine::reaper::reaper_main(plan, init, stub, go, lease)
         }
         process::Forked::Parent { pid } => Ok(pid),
     }
 }
 
+/// Forks a stub, from the zygote (`work` None) or, for a one-shot engine,
+/// from the engine's own process before it has any other thread (`me` is
+/// the forking process).
 fn fork_stub(
+    me: i32,
     id: &str,
     join: &[std::path::PathBuf],
     work: Option<EarlyWork>,
 ) -> Result<(i32, OwnedFd, OwnedFd), String> {
     let (ours, theirs) = ipc::seqpacket_pair().map_err(|e| super::chain(&e))?;
-    let me = std::process::id() as i32;
-    // SAFETY: the zygote is single-threaded. Namespace flags 0: a plain fork
+    // SAFETY: the caller is single-threaded (the zygote, or a one-shot
+    // engine before its runtime exists). Namespace flags 0: a plain fork
     // that also hands back a pidfd atomically.
     match unsafe { process::clone_into_namespaces(0) }.map_err(|e| super::chain(&e))? {
         (process::Forked::Child, _) => {
             use std::os::fd::AsRawFd;
             drop(ours);
-            // Not the zygote's own socket, nor anything else it holds.
-            process::close_fds_except(3, &[theirs.as_raw_fd()]);
+            // Nothing of the caller's: not its terminal or pipes (the
+            // zygote's are already /dev/null), not the forker's socket, only
+            // the uid slot's lease of a planned sandbox.
+            process::stdio_to_dev_null();
+            let mut keep = vec![theirs.as_raw_fd()];
+            keep.extend(work.as_ref().and_then(|w| w.lease_fd));
+            process::close_fds_except(3, &keep);
             stub_main(theirs, me, id, join, work)
         }
         (process::Forked::Parent { pid }, Some(pidfd)) => Ok((pid, pidfd, ours)),

@@ -151,6 +151,10 @@ pub fn limit_capabilities(keep: &[Capability]) -> Result<(), HardeningError> {
     Ok(())
 }
 
+/// A filter compiled ahead of time: its name and its instructions as
+/// (code, jt, jf, k).
+pub type CompiledFilter = (&'static str, &'static [(u16, u8, u8, u32)]);
+
 /// A compiled seccomp policy: one or more BPF filters, installed in order.
 ///
 /// A policy file (seccompiler's JSON format) may hold several filters; they
@@ -199,6 +203,29 @@ impl SeccompProgram {
             return Err(HardeningError::EmptyPolicy);
         }
         filters.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(SeccompProgram {
+            filters,
+            linear_fallbacks: Vec::new(),
+        })
+    }
+
+    /// A program compiled ahead of time (by a build script): each filter's
+    /// name and its instructions as (code, jt, jf, k), in installation
+    /// order.
+    pub fn from_compiled(filters: &[CompiledFilter]) -> Result<SeccompProgram, HardeningError> {
+        if filters.is_empty() {
+            return Err(HardeningError::EmptyPolicy);
+        }
+        let filters = filters
+            .iter()
+            .map(|(name, prog)| {
+                let prog = prog
+                    .iter()
+                    .map(|&(code, jt, jf, k)| sock_filter { code, jt, jf, k })
+                    .collect();
+                (name.to_string(), prog)
+            })
+            .collect();
         Ok(SeccompProgram {
             filters,
             linear_fallbacks: Vec::new(),
