@@ -5,7 +5,8 @@
 
 Runs the two binaries alternately (the first of each pair alternates too),
 each with its own state directory, and after every run waits until that
-run's reaper has removed the sandbox (its directories and cgroups), so that
+run's reaper has removed the sandbox (its directories and cgroups) and
+exited, so that
 neither binary is timed while the other's cleanup runs. Prints both medians
 and the median of the per-pair ratios NEW/OLD, which cancels noise that hit
 both. Run as root, on an otherwise idle host; see docs/BENCHMARKS.md for
@@ -20,12 +21,26 @@ import tempfile
 import time
 
 
+def reapers():
+    """The /proc directories of the reapers alive now."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"mayfly-reaper"):
+                    found.append(f"/proc/{pid}")
+        except OSError:
+            pass
+    return found
+
+
 def wait_clean(state, limit=10.0):
     start = time.perf_counter()
+    running = reapers()
     while time.perf_counter() - start < limit:
         left = os.listdir(f"{state}/sandboxes") + os.listdir(f"{state}/trash")
         cgroups = glob.glob("/sys/fs/cgroup/*/mayfly/mf-*") + glob.glob("/sys/fs/cgroup/mayfly/mf-*")
-        if not left and not cgroups:
+        if not left and not cgroups and not any(os.path.exists(p) for p in running):
             return
         time.sleep(0.0002)
     sys.exit(f"the sandbox of a run in {state} was not cleaned up within {limit} s")

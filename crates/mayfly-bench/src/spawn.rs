@@ -216,11 +216,26 @@ pub fn measure(
     Ok(())
 }
 
+/// The pids of the reapers alive now (their command line is
+/// `mayfly-reaper`).
+fn reapers() -> Vec<PathBuf> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| std::fs::read(p.join("cmdline")).is_ok_and(|c| c.starts_with(b"mayfly-reaper")))
+        .collect()
+}
+
 /// Polls until a daemonless run's sandbox is fully gone: no directory under
-/// `sandboxes/` or `trash/`, and no sandbox cgroup on the host (nothing else
-/// makes any while the bench runs). The time since `since`, or `None` after
-/// `limit`.
+/// `sandboxes/` or `trash/`, no sandbox cgroup on the host (nothing else
+/// makes any while the bench runs), and its reaper has exited (after its
+/// record, it makes the next run's spare namespaces). The time since
+/// `since`, or `None` after `limit`.
 fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Duration> {
+    let reapers = reapers();
     let empty = |d: PathBuf| std::fs::read_dir(d).map_or(true, |mut e| e.next().is_none());
     // v1 hierarchies, and the v2 root.
     let no_cgroups = || {
@@ -234,7 +249,11 @@ fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Dur
             })
     };
     loop {
-        if empty(state.join("sandboxes")) && empty(state.join("trash")) && no_cgroups() {
+        if empty(state.join("sandboxes"))
+            && empty(state.join("trash"))
+            && no_cgroups()
+            && reapers.iter().all(|p| !p.exists())
+        {
             return Some(since.elapsed());
         }
         if since.elapsed() > limit {

@@ -14,7 +14,9 @@ pub mod runtime;
 pub mod template;
 
 pub use api::{Caller, ExecStream, SandboxApi};
-pub use engine::{start_one_shot_zygote, Engine, EngineConfig, RecoveryReport};
+pub use engine::{
+    start_one_shot_zygote, Engine, EngineConfig, RecoveryReport, DEFAULT_SPARE_NS_DIR,
+};
 pub use error::EngineError;
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;

@@ -11,6 +11,7 @@ pub mod ipc;
 pub mod mount;
 pub mod net;
 pub mod process;
+pub mod spare_ns;
 pub mod supervise;
 
 use std::ffi::CString;

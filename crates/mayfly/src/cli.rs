@@ -29,6 +29,16 @@ pub struct Cli {
         default_value = "/var/lib/mayfly"
     )]
     pub state_dir: PathBuf,
+    /// Where daemonless runs keep pre-opened network, UTS and IPC
+    /// namespaces (host-wide; each set is used once).
+    #[arg(
+        long,
+        global = true,
+        hide = true,
+        env = "MAYFLY_SPARE_NS_DIR",
+        default_value = mayfly_engine::DEFAULT_SPARE_NS_DIR
+    )]
+    pub spare_ns_dir: PathBuf,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     pub json: bool,

@@ -34,6 +34,7 @@ pub fn engine_config(cli: &Cli) -> EngineConfig {
     EngineConfig {
         state_dir: cli.state_dir.clone(),
         stub_pool: 0,
+        spare_ns_dir: Some(cli.spare_ns_dir.clone()),
         ..EngineConfig::default()
     }
 }

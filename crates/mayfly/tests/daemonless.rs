@@ -437,3 +437,85 @@ fn a_run_whose_planned_slot_is_recorded_live_replans_and_succeeds() {
         run[0].uid_slot
     );
 }
+
+/// The `.net` files of spare namespace sets in `dir`.
+fn spare_nets(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "net"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits up to 5 s for `dir` to hold exactly one spare set; returns it.
+fn one_spare(dir: &std::path::Path) -> std::path::PathBuf {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let nets = spare_nets(dir);
+        if nets.len() == 1 {
+            return nets[0].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expected one spare set in {}, found {nets:?}",
+            dir.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A daemonless run joins the spare network, UTS and IPC namespaces that an
+/// earlier run's reaper made (see `mayfly_sys::spare_ns`) instead of making
+/// its own: its network namespace is the spare's, with `lo` up, and its
+/// hostname is its id. Each set is used once (the run removes it), and every
+/// run's reaper leaves a new one.
+#[test]
+fn daemonless_runs_join_each_pre_opened_namespace_set_once() {
+    use std::os::unix::fs::MetadataExt;
+    common::require_root();
+    let dir = test_dir();
+    let spares = dir.path().join("spare-ns");
+    let run = |argv: &[&str]| {
+        daemonless_cmd(&dir, argv)
+            .env("MAYFLY_SPARE_NS_DIR", &spares)
+            .output()
+            .expect("running the mayfly CLI")
+    };
+    // None yet: the first run makes its own, and its reaper leaves a set.
+    let out = run(&["run", "--", "true"]);
+    expect_exit(&out, 0, "mayfly run");
+    let spare = one_spare(&spares);
+    let inode = std::fs::metadata(&spare)
+        .expect("the spare's nsfs file")
+        .ino();
+    for kind in ["uts", "ipc"] {
+        assert!(spare.with_extension(kind).exists(), "no {kind} in the set");
+    }
+    let out = run(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "readlink /proc/self/ns/net; hostname; grep -c ':' /proc/net/dev; \
+         python3 -c \"import socket; s = socket.create_server(('127.0.0.1', 0)); \
+         socket.create_connection(s.getsockname()); print('lo up')\"",
+    ]);
+    let stdout = expect_exit(&out, 0, "mayfly run");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], format!("net:[{inode}]"), "{stdout}");
+    assert!(lines[1].starts_with("mf-"), "hostname {:?}", lines[1]);
+    // Only `lo`, and it is up (a connection to 127.0.0.1 works).
+    assert_eq!(lines[2..], ["1", "lo up"], "{stdout}");
+    // The set it took is gone; its reaper left another.
+    let next = one_spare(&spares);
+    assert_ne!(next, spare, "the used set is still offered");
+    assert!(!spare.exists() && !spare.with_extension("uts").exists());
+    assert_runs_cleaned(&dir);
+    mayfly_sys::spare_ns::drain(&spares);
+    assert!(spare_nets(&spares).is_empty());
+    let mounts = common::host::mounts_mentioning(&[spares.to_str().expect("utf-8 path")]);
+    assert!(mounts.is_empty(), "spare mounts left: {mounts:?}");
+}

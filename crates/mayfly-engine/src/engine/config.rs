@@ -35,7 +35,17 @@ pub struct EngineConfig {
     /// Host-wide uid slot leases, shared by every Mayfly instance on the
     /// host whatever its state directory (see `engine::leases`).
     pub slot_lease_dir: PathBuf,
+    /// Where a one-shot engine takes its sandbox's network, UTS and IPC
+    /// namespaces ready-made, and where its reaper leaves a fresh set for
+    /// the next run (see `mayfly_sys::spare_ns`). None: never.
+    pub spare_ns_dir: Option<PathBuf>,
 }
+
+/// The host-wide directory of spare namespaces for daemonless runs.
+pub const DEFAULT_SPARE_NS_DIR: &str = "/run/mayfly/spare-ns";
+
+/// How many spares reapers keep ready, host-wide.
+pub const SPARE_NS_TARGET: usize = 2;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -50,6 +60,7 @@ impl Default for EngineConfig {
             setup_timeout: Duration::from_secs(10),
             stub_pool: 4,
             slot_lease_dir: PathBuf::from(super::leases::DEFAULT_LEASE_DIR),
+            spare_ns_dir: None,
         }
     }
 }

@@ -66,6 +66,7 @@ pub fn start_one_shot_zygote(
         dir: cfg.sandboxes_dir().join(id.as_str()),
         plan: planned.as_ref().map(|p| p.plan.clone()),
         lease_fd: planned.as_ref().map(|p| p.lease.as_raw_fd()),
+        spare_ns: cfg.spare_ns_dir.clone(),
     };
     Zygote::start_one_shot(id, cgroup, work, planned)
         .map_err(|e| EngineError::Internal(format!("starting the zygote: {e}")))

@@ -25,7 +25,7 @@ use mayfly_store::Store;
 use mayfly_sys::cgroup::CgroupLayout;
 use mayfly_types::SandboxId;
 
-pub use config::EngineConfig;
+pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;

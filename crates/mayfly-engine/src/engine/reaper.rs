@@ -58,6 +58,7 @@ impl Engine {
             cgroup: sb.cgroup.clone(),
             layout: self.inner.layout().clone(),
             state_dir: self.inner.cfg.state_dir.clone(),
+            spare_ns: self.inner.cfg.spare_ns_dir.clone(),
         };
         let maker = self.inner.maker.clone();
         tokio::spawn(async move {
@@ -169,6 +170,16 @@ pub(crate) fn reaper_main(
         record(&store, &plan.id, handed, ok);
     }
     mayfly_sys::cgroup::remove_empty_parents(&plan.layout);
+    // Last, off everyone's critical path: fresh namespaces for the next
+    // run's stub to join, made in this process, which then exits.
+    if let Some(dir) = &plan.spare_ns {
+        if mayfly_sys::spare_ns::count(dir) < super::config::SPARE_NS_TARGET {
+            if let Ok(name) = super::create::random_id() {
+                let name = name.as_str().replacen("mf-", "spare-", 1);
+                let _ = mayfly_sys::spare_ns::make(dir, &name);
+            }
+        }
+    }
     process::exit_now(0)
 }
 

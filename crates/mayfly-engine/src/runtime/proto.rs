@@ -73,6 +73,8 @@ pub struct EarlyWork {
     /// The uid slot's lease (inherited by fork), which the stub holds for
     /// its life.
     pub lease_fd: Option<i32>,
+    /// Where to claim ready-made network, UTS and IPC namespaces from.
+    pub spare_ns: Option<PathBuf>,
 }
 
 /// What a reaper removes and records. Built by the engine from a live
@@ -88,6 +90,8 @@ pub struct ReapPlan {
     pub layout: mayfly_sys::cgroup::CgroupLayout,
     /// Where the store is, to record the sandbox destroyed.
     pub state_dir: PathBuf,
+    /// Where to leave a fresh set of spare namespaces for the next run.
+    pub spare_ns: Option<PathBuf>,
 }
 
 /// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and

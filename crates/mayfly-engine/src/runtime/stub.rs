@@ -107,7 +107,7 @@ pub(super) fn stub_main(
     let early = work.as_ref().map_or(Ok(()), early_work);
     let prepared = match early
         .and_then(|()| join_cgroups(join))
-        .and_then(|()| prepare_namespaces(id))
+        .and_then(|()| prepare_namespaces(id, work.as_ref().and_then(|w| w.spare_ns.as_deref())))
     {
         Ok(()) => StubReply::Prepared,
         Err(message) => StubReply::Failed { message },
@@ -186,12 +186,19 @@ fn join_cgroups(tasks: &[std::path::PathBuf]) -> Result<(), String> {
     Ok(())
 }
 
-fn prepare_namespaces(id: &str) -> Result<(), String> {
+/// Network, UTS and IPC namespaces of the stub's own: ready-made ones from
+/// `spare` if one is there (their `lo` is already up), else new ones.
+fn prepare_namespaces(id: &str, spare: Option<&std::path::Path>) -> Result<(), String> {
     let s = |e: &dyn std::error::Error| super::chain(e);
-    process::unshare(process::STUB_NAMESPACES).map_err(|e| s(&e))?;
-    process::set_hostname(id).map_err(|e| s(&e))?;
-    mayfly_sys::net::loopback_up().map_err(|e| s(&e))?;
-    Ok(())
+    let joined = match spare {
+        Some(dir) => mayfly_sys::spare_ns::claim(dir).map_err(|e| s(&e))?,
+        None => 0,
+    };
+    if joined == 0 {
+        process::unshare(process::STUB_NAMESPACES).map_err(|e| s(&e))?;
+        mayfly_sys::net::loopback_up().map_err(|e| s(&e))?;
+    }
+    process::set_hostname(id).map_err(|e| s(&e))
 }
 
 fn spawn_init(plan: &SpawnPlan) -> Result<(i32, OwnedFd, OwnedFd), String> {

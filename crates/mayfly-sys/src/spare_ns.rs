@@ -1,0 +1,197 @@
+//! Pre-opened network, UTS and IPC namespaces for daemonless runs.
+//!
+//! Making a network namespace costs about a millisecond (and the IPC one a
+//! third of that), which a daemonless `mayfly run` would otherwise pay on
+//! its critical path. A *spare* is a set of these three namespaces, freshly
+//! made by a process that then exits (a run's reaper, after its cleanup),
+//! kept alive by bind mounts of their `nsfs` files onto
+//! `<dir>/<name>.{uts,ipc,net}`, the way `ip netns add` keeps one. A later
+//! run's stub claims one and joins it instead of making its own.
+//!
+//! A spare is used once: the claim is the lazy unmount of its `.net` file,
+//! which only one claimer can do; the claimer then drops the other two mounts
+//! and all three files, so no other process can ever join those namespaces,
+//! and they end with the sandbox that joined them. The `.net` mount is made
+//! last, so a `.net` file that is an `nsfs` mount names a complete spare.
+//! The namespaces belong to the host's user namespace, as a stub's own
+//! would: root inside a sandbox cannot reconfigure them.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::{cstr, last_errno};
+
+/// The kinds a spare holds, in the order they are bound; `net` is last.
+const KINDS: [(&str, libc::c_int); 3] = [
+    ("uts", libc::CLONE_NEWUTS),
+    ("ipc", libc::CLONE_NEWIPC),
+    ("net", libc::CLONE_NEWNET),
+];
+
+/// `NSFS_MAGIC`, the filesystem of `/proc/<pid>/ns/*`.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// A spare-namespace operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {}", path.display())]
+pub struct SpareNsError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn err(op: &'static str, path: &Path) -> SpareNsError {
+    SpareNsError {
+        op,
+        path: path.to_owned(),
+        source: last_errno(),
+    }
+}
+
+/// The `.net` files in `dir`: one per spare, complete or being made.
+fn net_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "net"))
+        .collect()
+}
+
+/// How many spares `dir` holds (or is having made).
+pub fn count(dir: &Path) -> usize {
+    net_files(dir).len()
+}
+
+/// Makes a spare named `name` in `dir` (root-only, created if missing): the
+/// calling process moves into new UTS, IPC and network namespaces, brings
+/// `lo` up, and binds each namespace onto its file. The caller must be
+/// single-threaded and should exit soon after; nothing it does afterwards
+/// may run in those namespaces.
+pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| SpareNsError {
+            op: "creating",
+            path: dir.to_owned(),
+            source,
+        })?;
+    let flags = KINDS.iter().fold(0, |f, (_, k)| f | k);
+    // SAFETY: plain syscall with integer flags.
+    if unsafe { libc::unshare(flags) } < 0 {
+        return Err(err("unshare for", dir));
+    }
+    crate::net::loopback_up().map_err(|e| SpareNsError {
+        op: "bringing lo up for",
+        path: dir.to_owned(),
+        source: e.source,
+    })?;
+    for (kind, _) in KINDS {
+        let file = dir.join(format!("{name}.{kind}"));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&file)
+            .map_err(|source| SpareNsError {
+                op: "creating",
+                path: file.clone(),
+                source,
+            })?;
+        let source = CString::new(format!("/proc/self/ns/{kind}")).expect("no NUL");
+        let target = cstr(&file).map_err(|source| SpareNsError {
+            op: "naming",
+            path: file.clone(),
+            source,
+        })?;
+        // SAFETY: both are valid C strings; a bind mount takes no fstype or
+        // data.
+        let rc = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        if rc < 0 {
+            return Err(err("binding", &file));
+        }
+    }
+    Ok(())
+}
+
+/// Opens `file` if it is an `nsfs` mount, unmounts it (lazily: the open
+/// descriptor keeps the namespace) and removes it. None if it is not, or if
+/// another process unmounted it first.
+fn take(file: &Path) -> Option<OwnedFd> {
+    let c = cstr(file).ok()?;
+    // SAFETY: a valid C string; the result is checked.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just opened and is owned here alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: statfs is plain old data, filled in by the kernel.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out-pointer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } < 0 || st.f_type as i64 != NSFS_MAGIC {
+        return None;
+    }
+    // SAFETY: a valid C string; MNT_DETACH unmounts even while `fd` holds it.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } < 0 {
+        return None;
+    }
+    let _ = std::fs::remove_file(file);
+    Some(fd)
+}
+
+/// Claims a spare from `dir`, if there is one, and moves the calling
+/// (single-threaded) process into its namespaces. Returns the
+/// `CLONE_NEW*` flags of the namespaces joined: all three, or none.
+pub fn claim(dir: &Path) -> Result<libc::c_int, SpareNsError> {
+    for net in net_files(dir) {
+        let Some(net_fd) = take(&net) else { continue };
+        // Ours now. The other two were bound before it; if either is
+        // missing (someone removed it), the whole spare is dropped.
+        let mut fds = Vec::new();
+        for (kind, flag) in &KINDS[..2] {
+            if let Some(fd) = take(&net.with_extension(kind)) {
+                fds.push((fd, *flag));
+            }
+        }
+        if fds.len() != 2 {
+            continue;
+        }
+        fds.push((net_fd, libc::CLONE_NEWNET));
+        for (fd, flag) in &fds {
+            // SAFETY: a valid namespace descriptor of the kind given.
+            if unsafe { libc::setns(fd.as_raw_fd(), *flag) } < 0 {
+                return Err(err("joining", &net));
+            }
+        }
+        return Ok(KINDS.iter().fold(0, |f, (_, k)| f | k));
+    }
+    Ok(0)
+}
+
+/// Unmounts and removes everything in `dir`, complete spares and parts of
+/// ones whose maker died; for tests and for tearing a host's spares down.
+pub fn drain(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for file in entries.flatten().map(|e| e.path()) {
+        drop(take(&file));
+        let _ = std::fs::remove_file(&file);
+    }
+}
