@@ -59,6 +59,9 @@ pub enum StoreError {
     #[error("there is no sandbox {id} in the store")]
     NotFound { id: SandboxId },
 
+    #[error("sandbox {id} is owned by another process now (pid {pid})")]
+    OwnerChanged { id: SandboxId, pid: u32 },
+
     #[error("sandbox {id} is already in the store")]
     AlreadyExists { id: SandboxId },
 

@@ -114,6 +114,20 @@ impl Store {
         self.transition_then(id, to, reason, |_, _| Ok(()))
     }
 
+    /// As [`Store::transition`], only while the record still names `owner`
+    /// (pid, start time) as its owner; otherwise `OwnerChanged`. For a
+    /// decision made on an owner read earlier (recovery finding it dead),
+    /// which must not apply to a sandbox handed to another owner since.
+    pub fn transition_if_owned(
+        &self,
+        id: &SandboxId,
+        to: SandboxState,
+        reason: Option<&str>,
+        owner: (u32, u64),
+    ) -> Result<(), StoreError> {
+        self.transition_checked(id, to, reason, Some(owner), |_, _| Ok(()))
+    }
+
     /// A transition, then `more` inside the same transaction.
     fn transition_then(
         &self,
@@ -122,18 +136,35 @@ impl Store {
         reason: Option<&str>,
         more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
+        self.transition_checked(id, to, reason, None, more)
+    }
+
+    fn transition_checked(
+        &self,
+        id: &SandboxId,
+        to: SandboxState,
+        reason: Option<&str>,
+        owner: Option<(u32, u64)>,
+        more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let now = self.now();
         let mut conn = self.conn();
         // Read and write under one write lock: two processes racing to move
         // the same sandbox must see each other's result, not the same "from".
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let state: Option<String> = tx
-            .prepare_cached("SELECT state FROM sandboxes WHERE id = ?1")?
-            .query_row([id.as_str()], |r| r.get(0))
+        let row: Option<(String, u32, u64)> = tx
+            .prepare_cached("SELECT state, owner_pid, owner_start FROM sandboxes WHERE id = ?1")?
+            .query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
-        let Some(state) = state else {
+        let Some((state, pid, start)) = row else {
             return Err(StoreError::NotFound { id: id.clone() });
         };
+        if owner.is_some_and(|o| o != (pid, start)) {
+            return Err(StoreError::OwnerChanged {
+                id: id.clone(),
+                pid,
+            });
+        }
         let from: SandboxState = state.parse().map_err(|reason| StoreError::Corrupt {
             table: "sandboxes",
             id: id.to_string(),

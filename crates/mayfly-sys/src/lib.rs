@@ -12,6 +12,7 @@ pub mod mount;
 pub mod net;
 pub mod process;
 pub mod spare_ns;
+pub mod spawn;
 pub mod supervise;
 
 use std::ffi::CString;

@@ -115,6 +115,27 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             keep.insert(rec.id.to_string());
             continue;
         }
+        // Only while the record still names the owner found dead: between
+        // the listing and now, a daemonless run may have handed its sandbox
+        // to its (live) reaper and exited.
+        let next = SandboxState::Failed;
+        let why = "owner_died: recovered at daemon start";
+        let owner = (rec.owner_pid, rec.owner_start);
+        match inner
+            .store
+            .transition_if_owned(&rec.id, next, Some(why), owner)
+        {
+            Err(mayfly_store::StoreError::OwnerChanged { .. }) => {
+                report.foreign_live += 1;
+                keep.insert(rec.id.to_string());
+                continue;
+            }
+            Err(e) => {
+                report.errors.push(format!("{}: {e}", rec.id));
+                continue;
+            }
+            Ok(()) => {}
+        }
         match plan::cgroup::plan(inner.layout(), &rec.id, &rec.limits) {
             Ok(p) => match mayfly_sys::cgroup::remove(&p) {
                 Ok(()) => {}
@@ -122,18 +143,12 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             },
             Err(e) => report.errors.push(format!("{}: {e}", rec.id)),
         }
-        let next = SandboxState::Failed;
-        let why = "owner_died: recovered at daemon start";
-        if let Err(e) = inner.store.transition(&rec.id, next, Some(why)) {
-            report.errors.push(format!("{}: {e}", rec.id));
-        } else {
-            report.records_failed += 1;
-            let _ = inner.store.add_event(
-                Some(&rec.id),
-                "recovered",
-                &serde_json::json!({"previous_state": rec.state.as_str(), "owner_pid": rec.owner_pid}),
-            );
-        }
+        report.records_failed += 1;
+        let _ = inner.store.add_event(
+            Some(&rec.id),
+            "recovered",
+            &serde_json::json!({"previous_state": rec.state.as_str(), "owner_pid": rec.owner_pid}),
+        );
     }
     // Stubs a dead owner made and never used (they have no record).
     for (id, marker) in &dead_stubs {

@@ -43,7 +43,11 @@ pub fn run(plan: &SpawnPlan, ctl: OwnedFd, setup: OwnedFd) -> ! {
             if mayfly_sys::hardening::drop_bounding_set(&keep).is_err() {
                 process::exit_now(1);
             }
-            serve(plan, ctl)
+            // What every command's capability sets become, read once.
+            let Ok(caps) = mayfly_sys::hardening::command_cap_masks(&keep) else {
+                process::exit_now(1);
+            };
+            serve(plan, ctl, caps)
         }
         Err(message) => {
             send(&ctl, &InitEvent::SetupFailed { message });
@@ -110,13 +114,13 @@ struct Running {
     handle: u64,
 }
 
-fn serve(plan: &SpawnPlan, ctl: OwnedFd) -> ! {
+fn serve(plan: &SpawnPlan, ctl: OwnedFd, caps: mayfly_sys::spawn::CapMasks) -> ! {
     process::reset_signals();
     let sfd = match supervise::signal_fd() {
         Ok(s) => s,
         Err(_) => process::exit_now(2),
     };
-    let setup = ExecSetup::new(plan);
+    let setup = ExecSetup::new(plan, caps);
     let mut running: HashMap<i32, Running> = HashMap::new();
     let mut buf = Vec::new();
     loop {

@@ -276,3 +276,28 @@ fn mark_ready_records_pid_timing_transition_and_event_at_once() {
         Some(4321)
     );
 }
+
+/// Recovery decides on an owner it read earlier: its transition applies
+/// only while the record still names that owner, not after a hand-over.
+#[test]
+fn a_transition_on_an_owner_read_earlier_is_refused_after_a_hand_over() {
+    let store = Store::open_in_memory().unwrap();
+    store.insert_sandbox(&record(id(1), 1), 8).unwrap();
+    store.insert_sandbox(&record(id(2), 1), 8).unwrap();
+    let cli = (4242, 123_456_789);
+    // Sandbox 1 is handed to a reaper after its owner was read.
+    store.stop_and_hand_over(&id(1), "user", 777, 55).unwrap();
+    let refused = store.transition_if_owned(&id(1), SandboxState::Failed, Some("owner_died"), cli);
+    assert!(
+        matches!(refused, Err(StoreError::OwnerChanged { pid: 777, .. })),
+        "{refused:?}"
+    );
+    let rec = store.get_sandbox(&id(1)).unwrap().unwrap();
+    assert_eq!((rec.state, rec.owner_pid), (SandboxState::Stopping, 777));
+    // Sandbox 2 still has the owner read: the transition applies.
+    store
+        .transition_if_owned(&id(2), SandboxState::Failed, Some("owner_died"), cli)
+        .unwrap();
+    let rec = store.get_sandbox(&id(2)).unwrap().unwrap();
+    assert_eq!(rec.state, SandboxState::Failed);
+}

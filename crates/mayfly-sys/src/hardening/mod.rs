@@ -134,6 +134,26 @@ pub fn drop_bounding_set(keep: &[Capability]) -> Result<(), HardeningError> {
     Ok(())
 }
 
+/// The capability sets a command spawned by this process gets (see
+/// `spawn`): `keep`, limited to what this process has permitted now, as
+/// effective, permitted and inheritable masks.
+pub fn command_cap_masks(keep: &[Capability]) -> Result<crate::spawn::CapMasks, HardeningError> {
+    let permitted =
+        caps::read(None, CapSet::Permitted).map_err(|source| HardeningError::CapSet {
+            set: "permitted",
+            source,
+        })?;
+    let mask = keep
+        .iter()
+        .filter(|c| permitted.contains(c))
+        .fold(0u64, |m, c| m | (1u64 << c.index()));
+    Ok(crate::spawn::CapMasks {
+        effective: mask,
+        permitted: mask,
+        inheritable: mask,
+    })
+}
+
 /// Clears the ambient set and narrows the inheritable, effective and
 /// permitted sets to `keep` (those of them the caller has).
 pub fn limit_capabilities(keep: &[Capability]) -> Result<(), HardeningError> {
