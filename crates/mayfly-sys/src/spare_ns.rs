@@ -105,7 +105,7 @@ pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
                 path: file.clone(),
                 source,
             })?;
-        let source = CString::new(format!("/proc/self/ns/{kind}")).expect("no NUL");
+        let source = CString::new(format!("/proc/thread-self/ns/{kind}")).expect("no NUL");
         let target = cstr(&file).map_err(|source| SpareNsError {
             op: "naming",
             path: file.clone(),
@@ -135,7 +135,14 @@ pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
 fn take(file: &Path) -> Option<OwnedFd> {
     let c = cstr(file).ok()?;
     // SAFETY: a valid C string; the result is checked.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    // No symlink is followed: a spare is a mount of an nsfs file, never a
+    // link to one (such as the host's own `/proc/1/ns/net`).
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
     if fd < 0 {
         return None;
     }
@@ -153,6 +160,21 @@ fn take(file: &Path) -> Option<OwnedFd> {
     }
     let _ = std::fs::remove_file(file);
     Some(fd)
+}
+
+/// Whether `fd` is the namespace of `kind` this process is in now.
+fn is_current(fd: &OwnedFd, kind: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(mine) = std::fs::metadata(format!("/proc/thread-self/ns/{kind}")) else {
+        return true;
+    };
+    // SAFETY: stat is plain old data, filled in by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return true;
+    }
+    st.st_ino == mine.ino() && st.st_dev == mine.dev()
 }
 
 /// Claims a spare from `dir`, if there is one, and moves the calling
@@ -173,6 +195,15 @@ pub fn claim(dir: &Path) -> Result<libc::c_int, SpareNsError> {
             continue;
         }
         fds.push((net_fd, libc::CLONE_NEWNET));
+        // A namespace this process is already in (the host's) is no spare:
+        // joining it would leave the sandbox on the host's network.
+        if fds
+            .iter()
+            .zip(KINDS)
+            .any(|((fd, _), (kind, _))| is_current(fd, kind))
+        {
+            continue;
+        }
         for (fd, flag) in &fds {
             // SAFETY: a valid namespace descriptor of the kind given.
             if unsafe { libc::setns(fd.as_raw_fd(), *flag) } < 0 {
@@ -193,5 +224,103 @@ pub fn drain(dir: &Path) {
     for file in entries.flatten().map(|e| e.path()) {
         drop(take(&file));
         let _ = std::fs::remove_file(&file);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn ns_inode(path: &str) -> u64 {
+        std::fs::metadata(path).unwrap().ino()
+    }
+
+    /// Namespaces are per thread: each step runs on a thread of its own,
+    /// so the test process's own namespaces never change.
+    fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(f).join().unwrap()
+    }
+
+    #[test]
+    fn a_spare_is_joined_once_and_links_to_other_namespaces_are_refused() {
+        // SAFETY: a plain getter.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test makes namespaces and bind mounts: run it as root");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_owned();
+        // Whatever happens, no mount outlives the test.
+        struct Drain(PathBuf);
+        impl Drop for Drain {
+            fn drop(&mut self) {
+                drain(&self.0);
+            }
+        }
+        let _drain = Drain(d.clone());
+        // Links to the host's own namespaces are not spares.
+        for kind in ["uts", "ipc", "net"] {
+            std::os::unix::fs::symlink(
+                format!("/proc/1/ns/{kind}"),
+                d.join(format!("evil.{kind}")),
+            )
+            .unwrap();
+        }
+        let host_net = ns_inode("/proc/self/ns/net");
+        let d2 = d.clone();
+        let (joined, net) = on_thread(move || {
+            let joined = claim(&d2).unwrap();
+            (joined, ns_inode("/proc/thread-self/ns/net"))
+        });
+        assert_eq!((joined, net), (0, host_net));
+        for kind in ["uts", "ipc", "net"] {
+            std::fs::remove_file(d.join(format!("evil.{kind}"))).unwrap();
+        }
+        // Nor are mounts of the namespaces the claimer is already in.
+        for kind in ["uts", "ipc", "net"] {
+            let file = d.join(format!("host.{kind}"));
+            std::fs::write(&file, "").unwrap();
+            let (src, dst) = (
+                CString::new(format!("/proc/thread-self/ns/{kind}")).unwrap(),
+                cstr(&file).unwrap(),
+            );
+            // SAFETY: valid C strings; a bind mount takes no fstype or data.
+            let rc = unsafe {
+                libc::mount(
+                    src.as_ptr(),
+                    dst.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(rc, 0, "binding {kind}");
+        }
+        let d2 = d.clone();
+        let (joined, net) =
+            on_thread(move || (claim(&d2).unwrap(), ns_inode("/proc/thread-self/ns/net")));
+        assert_eq!((joined, net), (0, host_net));
+        drain(&d);
+        // A spare, made on one thread, joined on another.
+        let d2 = d.clone();
+        on_thread(move || make(&d2, "spare-test").unwrap());
+        assert_eq!(count(&d), 1);
+        let spare_net = ns_inode(d.join("spare-test.net").to_str().unwrap());
+        assert_ne!(spare_net, host_net);
+        let d2 = d.clone();
+        let (joined, net) = on_thread(move || {
+            let joined = claim(&d2).unwrap();
+            (joined, ns_inode("/proc/thread-self/ns/net"))
+        });
+        assert_eq!(
+            joined,
+            libc::CLONE_NEWNET | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
+        );
+        assert_eq!(net, spare_net);
+        // Used once: nothing is left to claim.
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+        let d2 = d.clone();
+        assert_eq!(on_thread(move || claim(&d2).unwrap()), 0);
     }
 }
