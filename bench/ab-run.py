@@ -34,13 +34,22 @@ def reapers():
     return found
 
 
+def alive(proc_dir):
+    """A zombie is not: it holds only its pid until the host's init reaps it."""
+    try:
+        with open(f"{proc_dir}/stat") as f:
+            return not f.read().rsplit(")", 1)[1].strip().startswith("Z")
+    except OSError:
+        return False
+
+
 def wait_clean(state, limit=10.0):
     start = time.perf_counter()
     running = reapers()
     while time.perf_counter() - start < limit:
         left = os.listdir(f"{state}/sandboxes") + os.listdir(f"{state}/trash")
         cgroups = glob.glob("/sys/fs/cgroup/*/mayfly/mf-*") + glob.glob("/sys/fs/cgroup/mayfly/mf-*")
-        if not left and not cgroups and not any(os.path.exists(p) for p in running):
+        if not left and not cgroups and not any(alive(p) for p in running):
             return
         time.sleep(0.0002)
     sys.exit(f"the sandbox of a run in {state} was not cleaned up within {limit} s")

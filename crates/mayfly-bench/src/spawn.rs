@@ -216,6 +216,16 @@ pub fn measure(
     Ok(())
 }
 
+/// Whether the process at `/proc/<pid>` still runs: a zombie does not (it
+/// holds only its pid, until the host's init reaps it, which here takes up
+/// to 2 s).
+fn running(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
 /// The pids of the reapers alive now (their command line is
 /// `mayfly-reaper`).
 fn reapers() -> Vec<PathBuf> {
@@ -231,9 +241,9 @@ fn reapers() -> Vec<PathBuf> {
 
 /// Polls until a daemonless run's sandbox is fully gone: no directory under
 /// `sandboxes/` or `trash/`, no sandbox cgroup on the host (nothing else
-/// makes any while the bench runs), and its reaper has exited (after its
-/// record, it makes the next run's spare namespaces). The time since
-/// `since`, or `None` after `limit`.
+/// makes any while the bench runs), and its reaper has exited (a zombie
+/// counts as exited; after its record, a reaper makes the next run's spare
+/// namespaces). The time since `since`, or `None` after `limit`.
 fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Duration> {
     let reapers = reapers();
     let empty = |d: PathBuf| std::fs::read_dir(d).map_or(true, |mut e| e.next().is_none());
@@ -252,7 +262,7 @@ fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Dur
         if empty(state.join("sandboxes"))
             && empty(state.join("trash"))
             && no_cgroups()
-            && reapers.iter().all(|p| !p.exists())
+            && reapers.iter().all(|p| !running(p))
         {
             return Some(since.elapsed());
         }
