@@ -7,6 +7,7 @@
 // Each test binary uses a different part of the harness.
 #![allow(dead_code, unused_imports)]
 
+pub mod daemonless;
 pub mod host;
 pub mod tarball;
 

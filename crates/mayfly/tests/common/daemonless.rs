@@ -1,0 +1,70 @@
+//! Checks for daemonless runs: every sandbox a state directory has seen
+//! ended as its run said, and nothing of it is left.
+
+use mayfly_types::{SandboxId, SandboxState};
+
+use super::assert_no_leaks;
+
+/// Sandbox directories left in a daemonless state directory.
+pub fn sandbox_dirs_left(dir: &tempfile::TempDir) -> Vec<String> {
+    std::fs::read_dir(dir.path().join("state/sandboxes"))
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (up to 5 s) until every sandbox a daemonless state directory has
+/// seen is recorded `destroyed` and its reaper has exited, then checks that
+/// nothing of them is left on the host.
+/// Returns the records.
+pub fn assert_runs_cleaned(dir: &tempfile::TempDir) -> Vec<mayfly_store::SandboxRecord> {
+    assert_runs_cleaned_but(dir, &[])
+}
+
+/// [`assert_runs_cleaned`], for every sandbox but `except`.
+pub fn assert_runs_cleaned_but(
+    dir: &tempfile::TempDir,
+    except: &[SandboxId],
+) -> Vec<mayfly_store::SandboxRecord> {
+    let state = dir.path().join("state");
+    let store = mayfly_store::Store::open(&state).expect("opening the run's store");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let records = loop {
+        let mut records = store.list_sandboxes(true).expect("listing sandboxes");
+        records.retain(|r| !except.contains(&r.id));
+        let done = records.iter().all(|r| {
+            r.state == SandboxState::Destroyed
+                && mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start)
+        });
+        if done || std::time::Instant::now() >= deadline {
+            break records;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(!records.is_empty(), "no sandbox was recorded");
+    for r in &records {
+        assert_eq!(
+            (r.state, r.reason.as_deref()),
+            (SandboxState::Destroyed, Some("user")),
+            "{} did not end as destroyed by its run",
+            r.id
+        );
+        assert!(
+            mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start),
+            "{}'s reaper (pid {}) still runs after recording it destroyed",
+            r.id,
+            r.owner_pid
+        );
+    }
+    let ids: Vec<String> = records.iter().map(|r| r.id.to_string()).collect();
+    assert_no_leaks(&state, &ids);
+    assert!(
+        sandbox_dirs_left(dir).is_empty(),
+        "runs left {:?}",
+        sandbox_dirs_left(dir)
+    );
+    records
+}
