@@ -57,8 +57,10 @@ def wait_clean(state, limit=10.0):
 
 def timed(binary, state):
     start = time.perf_counter()
+    # Spare namespaces stay in the state directory, not the host's.
+    env = dict(os.environ, MAYFLY_SPARE_NS_DIR=f"{state}/spare-ns")
     out = subprocess.run([binary, "--state-dir", state, "run", "--", "/bin/true"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     took = (time.perf_counter() - start) * 1e3
     if out.returncode != 0:
         sys.exit(f"{binary} failed: {out.stderr.decode(errors='replace')}")
@@ -81,6 +83,9 @@ def main():
             for b in order:
                 times[b].append(timed(b, states[b]))
                 time.sleep(0.01)
+        for state in states.values():
+            for f in glob.glob(f"{state}/spare-ns/*"):
+                subprocess.run(["umount", "-l", f], stderr=subprocess.DEVNULL)
     med = statistics.median
     ratio = med([n / o for o, n in zip(times[old], times[new])])
     print(f"old p50 {med(times[old]):.2f} ms, new p50 {med(times[new]):.2f} ms, "

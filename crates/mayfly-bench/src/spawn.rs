@@ -68,6 +68,8 @@ fn tools(setup: &PeerSetup, state: &Path, iterations: usize, report: &mut Report
             &state,
             "--socket",
             &socket,
+            "--spare-ns-dir",
+            &format!("{state}/spare-ns"),
             "run",
             "--",
             "/bin/true",
@@ -213,6 +215,9 @@ pub fn measure(
     }
     report.add("run_mayfly_cleanup", cleaned);
     leftovers(&state, report);
+    // The spare namespaces the last reaper left (in the bench's own state
+    // directory, not the host's) go with it.
+    mayfly_sys::spare_ns::drain(&state.join("spare-ns"));
     Ok(())
 }
 

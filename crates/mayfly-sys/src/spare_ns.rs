@@ -16,7 +16,6 @@
 //! The namespaces belong to the host's user namespace, as a stub's own
 //! would: root inside a sandbox cannot reconfigure them.
 
-use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -35,23 +34,28 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 
 /// A spare-namespace operation that failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {}", path.display())]
-pub struct SpareNsError {
-    pub op: &'static str,
-    pub path: PathBuf,
-    #[source]
-    pub source: std::io::Error,
+pub enum SpareNsError {
+    #[error("{op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Mount(#[from] crate::mount::MountError),
 }
 
-fn err(op: &'static str, path: &Path) -> SpareNsError {
-    SpareNsError {
+fn io_err(op: &'static str, path: &Path, source: std::io::Error) -> SpareNsError {
+    SpareNsError::Io {
         op,
         path: path.to_owned(),
-        source: last_errno(),
+        source,
     }
 }
 
-/// The `.net` files in `dir`: one per spare, complete or being made.
+/// The `.net` files in `dir`: one per spare, complete, being made, or left
+/// unmounted by a reboot.
 fn net_files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -63,9 +67,13 @@ fn net_files(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// How many spares `dir` holds (or is having made).
+/// How many complete spares `dir` holds: `.net` files that are `nsfs`
+/// mounts (a file a reboot unmounted is not one).
 pub fn count(dir: &Path) -> usize {
-    net_files(dir).len()
+    net_files(dir)
+        .iter()
+        .filter(|f| open_nsfs(f).is_some())
+        .count()
 }
 
 /// Makes a spare named `name` in `dir` (root-only, created if missing): the
@@ -78,21 +86,13 @@ pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| SpareNsError {
-            op: "creating",
-            path: dir.to_owned(),
-            source,
-        })?;
+        .map_err(|e| io_err("creating", dir, e))?;
     let flags = KINDS.iter().fold(0, |f, (_, k)| f | k);
     // SAFETY: plain syscall with integer flags.
     if unsafe { libc::unshare(flags) } < 0 {
-        return Err(err("unshare for", dir));
+        return Err(io_err("unshare for", dir, last_errno()));
     }
-    crate::net::loopback_up().map_err(|e| SpareNsError {
-        op: "bringing lo up for",
-        path: dir.to_owned(),
-        source: e.source,
-    })?;
+    crate::net::loopback_up().map_err(|e| io_err("bringing lo up for", dir, e.source))?;
     for (kind, _) in KINDS {
         let file = dir.join(format!("{name}.{kind}"));
         std::fs::OpenOptions::new()
@@ -100,39 +100,15 @@ pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
             .create_new(true)
             .mode(0o600)
             .open(&file)
-            .map_err(|source| SpareNsError {
-                op: "creating",
-                path: file.clone(),
-                source,
-            })?;
-        let source = CString::new(format!("/proc/thread-self/ns/{kind}")).expect("no NUL");
-        let target = cstr(&file).map_err(|source| SpareNsError {
-            op: "naming",
-            path: file.clone(),
-            source,
-        })?;
-        // SAFETY: both are valid C strings; a bind mount takes no fstype or
-        // data.
-        let rc = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            )
-        };
-        if rc < 0 {
-            return Err(err("binding", &file));
-        }
+            .map_err(|e| io_err("creating", &file, e))?;
+        let source = format!("/proc/thread-self/ns/{kind}");
+        crate::mount::mount(Some(&source), &file, None, libc::MS_BIND, None)?;
     }
     Ok(())
 }
 
-/// Opens `file` if it is an `nsfs` mount, unmounts it (lazily: the open
-/// descriptor keeps the namespace) and removes it. None if it is not, or if
-/// another process unmounted it first.
-fn take(file: &Path) -> Option<OwnedFd> {
+/// Opens `file` if it is an `nsfs` mount (never following a link).
+fn open_nsfs(file: &Path) -> Option<OwnedFd> {
     let c = cstr(file).ok()?;
     // SAFETY: a valid C string; the result is checked.
     // No symlink is followed: a spare is a mount of an nsfs file, never a
@@ -154,6 +130,15 @@ fn take(file: &Path) -> Option<OwnedFd> {
     if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } < 0 || st.f_type as i64 != NSFS_MAGIC {
         return None;
     }
+    Some(fd)
+}
+
+/// Opens `file` if it is an `nsfs` mount, unmounts it (lazily: the open
+/// descriptor keeps the namespace) and removes it. None if it is not, or if
+/// another process unmounted it first.
+fn take(file: &Path) -> Option<OwnedFd> {
+    let fd = open_nsfs(file)?;
+    let c = cstr(file).ok()?;
     // SAFETY: a valid C string; MNT_DETACH unmounts even while `fd` holds it.
     if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } < 0 {
         return None;
@@ -207,7 +192,7 @@ pub fn claim(dir: &Path) -> Result<libc::c_int, SpareNsError> {
         for (fd, flag) in &fds {
             // SAFETY: a valid namespace descriptor of the kind given.
             if unsafe { libc::setns(fd.as_raw_fd(), *flag) } < 0 {
-                return Err(err("joining", &net));
+                return Err(io_err("joining", &net, last_errno()));
             }
         }
         return Ok(KINDS.iter().fold(0, |f, (_, k)| f | k));
@@ -281,21 +266,9 @@ mod tests {
         for kind in ["uts", "ipc", "net"] {
             let file = d.join(format!("host.{kind}"));
             std::fs::write(&file, "").unwrap();
-            let (src, dst) = (
-                CString::new(format!("/proc/thread-self/ns/{kind}")).unwrap(),
-                cstr(&file).unwrap(),
-            );
-            // SAFETY: valid C strings; a bind mount takes no fstype or data.
-            let rc = unsafe {
-                libc::mount(
-                    src.as_ptr(),
-                    dst.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                )
-            };
-            assert_eq!(rc, 0, "binding {kind}");
+            let src = format!("/proc/thread-self/ns/{kind}");
+            crate::mount::mount(Some(&src), &file, None, libc::MS_BIND, None)
+                .unwrap_or_else(|e| panic!("binding {kind}: {e}"));
         }
         let d2 = d.clone();
         let (joined, net) =

@@ -1,8 +1,7 @@
 //! What a sandbox's init needs to supervise children: a signalfd, poll,
-//! reaping, session scans and `execve`.
+//! reaping and session scans (it starts them with `spawn`).
 
-use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -118,68 +117,4 @@ fn session_of(proc_root: &str, pid: i32) -> Option<i32> {
     let rest = &stat[stat.rfind(')')? + 2..];
     // Fields after the command: state ppid pgrp session …
     rest.split(' ').nth(3)?.parse().ok()
-}
-
-/// Everything `execve` needs, prepared before forking.
-pub struct ExecImage {
-    pub path: CString,
-    pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
-}
-
-/// Replaces the process image; returns only on failure, with the errno.
-pub fn execve(image: &ExecImage) -> i32 {
-    let argv: Vec<*const libc::c_char> = image
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const libc::c_char> = image
-        .envp
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    // SAFETY: argv and envp are null-terminated arrays of pointers into
-    // CStrings that outlive the call.
-    unsafe { libc::execve(image.path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-    nix::errno::Errno::last_raw()
-}
-
-/// Moves `fd` onto descriptor number `target` (clearing close-on-exec).
-pub fn dup_onto(fd: BorrowedFd<'_>, target: i32) -> Result<(), SuperviseError> {
-    // SAFETY: dup2 onto a number we are about to own; it closes what was there.
-    if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
-        return Err(err("dup2", nix::Error::last()));
-    }
-    Ok(())
-}
-
-/// Changes the working directory.
-pub fn chdir(path: &CString) -> Result<(), SuperviseError> {
-    // SAFETY: path is NUL-terminated.
-    if unsafe { libc::chdir(path.as_ptr()) } < 0 {
-        return Err(err("chdir", nix::Error::last()));
-    }
-    Ok(())
-}
-
-/// Writes a 4-byte errno to a pipe (used by a child whose exec failed).
-pub fn write_errno(fd: BorrowedFd<'_>, errno: i32) {
-    let b = errno.to_ne_bytes();
-    // SAFETY: writing 4 bytes from a stack buffer.
-    unsafe { libc::write(fd.as_raw_fd(), b.as_ptr().cast(), 4) };
-}
-
-/// Reads the 4-byte errno a failed child wrote, or `None` after a successful exec.
-pub fn read_errno(fd: &OwnedFd) -> Option<i32> {
-    let mut b = [0u8; 4];
-    loop {
-        match nix::unistd::read(fd.as_fd(), &mut b) {
-            Ok(4) => return Some(i32::from_ne_bytes(b)),
-            Err(nix::Error::EINTR) => continue,
-            _ => return None,
-        }
-    }
 }

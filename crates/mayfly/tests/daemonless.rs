@@ -208,6 +208,7 @@ async fn a_daemonless_run_leaves_no_empty_mayfly_cgroup_parent() {
         "empty mayfly cgroup parents left: {:?}",
         empty_mayfly_parents()
     );
+    common::daemonless::drain_spares(&dir);
 }
 
 /// Daemonless runs sharing one state directory (parallel CI jobs on one

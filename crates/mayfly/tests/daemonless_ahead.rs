@@ -161,13 +161,9 @@ fn daemonless_runs_join_each_pre_opened_namespace_set_once() {
     use std::os::unix::fs::MetadataExt;
     common::require_root();
     let dir = test_dir();
-    let spares = dir.path().join("spare-ns");
-    let run = |argv: &[&str]| {
-        daemonless_cmd(&dir, argv)
-            .env("MAYFLY_SPARE_NS_DIR", &spares)
-            .output()
-            .expect("running the mayfly CLI")
-    };
+    // `daemonless` runs keep their spares in the test's own directory.
+    let spares = common::daemonless::spare_ns_dir(&dir);
+    let run = |argv: &[&str]| daemonless(&dir, argv);
     // None yet: the first run makes its own, and its reaper leaves a set.
     let out = run(&["run", "--", "true"]);
     expect_exit(&out, 0, "mayfly run");

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::host::procs_inside;
-use common::{cmd, expect_exit, test_dir, text, Daemon, BIN};
+use common::{cmd, expect_exit, test_dir, text, Daemon};
 use mayfly_types::{ErrorCode, ExecEvent, ExecRequest, ProcessState, StartProcessRequest};
 
 /// Live (non-zombie) processes inside sandbox `id` other than its init.
@@ -33,15 +33,9 @@ async fn exit_codes_propagate_through_api_cli_and_daemonless_run() {
     expect_exit(&out, 7, "mayfly exec of `exit 7`");
 
     let dir = test_dir();
-    let out = std::process::Command::new(BIN)
-        .arg("--socket")
-        .arg(dir.path().join("no-daemon.sock"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args(["run", "--", "sh", "-c", "exit 3"])
-        .output()
-        .expect("running mayfly run");
+    let out = common::daemonless(&dir, &["run", "--", "sh", "-c", "exit 3"]);
     expect_exit(&out, 3, "daemonless mayfly run of `exit 3`");
+    common::daemonless::drain_spares(&dir);
 }
 
 #[tokio::test]

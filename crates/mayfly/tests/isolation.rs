@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::host::{self, oom_kills, procs_inside};
 use common::{
-    assert_no_leaks, cmd, expect_exit, host_exists, test_dir, text, unique, Daemon, BIN,
+    assert_no_leaks, cmd, expect_exit, host_exists, test_dir, text, unique, Daemon,
     SANDBOX_UID_START,
 };
 use mayfly_types::{ExecRequest, Limits, StartProcessRequest};
@@ -244,15 +244,9 @@ async fn uid_ranges_are_unique_across_instances_on_the_host() {
     // A daemonless run on a third state directory, while all six live,
     // runs as a uid outside all their ranges.
     let state = test_dir();
-    let out = std::process::Command::new(BIN)
-        .args(["--state-dir"])
-        .arg(state.path())
-        .args(["--socket"])
-        .arg(state.path().join("none.sock"))
-        .args(["run", "--", "sh", "-c", "cat /proc/self/uid_map"])
-        .output()
-        .unwrap();
+    let out = common::daemonless(&state, &["run", "--", "sh", "-c", "cat /proc/self/uid_map"]);
     let map = expect_exit(&out, 0, "daemonless run");
+    common::daemonless::drain_spares(&state);
     let base: u32 = map.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(
         base >= SANDBOX_UID_START && !bases.contains(&base),

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::host::{self, children_of, procs_in_sandbox, start_time};
-use common::{assert_no_leaks, cmd, test_dir, text, Daemon, BIN};
+use common::{assert_no_leaks, cmd, test_dir, text, Daemon};
 use mayfly_client::Client;
 use mayfly_types::{
     CreateRequest, ErrorCode, SandboxId, SandboxState, StartProcessRequest, TemplateRef,
@@ -215,15 +215,9 @@ async fn another_instance_starting_leaves_live_sandboxes_alone() {
     // A second daemon and a daemonless run, each with its own state directory.
     let mut b = Daemon::start().await;
     let dir = test_dir();
-    let out = std::process::Command::new(BIN)
-        .arg("--socket")
-        .arg(dir.path().join("none.sock"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args(["run", "--", "true"])
-        .output()
-        .expect("mayfly run");
+    let out = common::daemonless(&dir, &["run", "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    common::daemonless::drain_spares(&dir);
     b.assert_healthy().await;
 
     assert_eq!(

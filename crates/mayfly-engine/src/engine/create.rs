@@ -124,9 +124,19 @@ pub(crate) fn spawn_plan(
     }
 }
 
+/// Makes a sandbox's directories beyond the first `made` layers' (a stub
+/// makes `STUB_LAYERS` ahead) and gives the upper directories to the
+/// sandbox's root: what is done before init is cloned.
+pub(crate) fn prepare_dirs(plan: &SpawnPlan, made: usize) -> std::io::Result<()> {
+    if plan.uppers.len() > made {
+        make_dirs(&plan.workdir, plan.uppers.len())?;
+    }
+    own_uppers(&plan.uppers, plan.uid_base)
+}
+
 /// Gives the upper directories to the sandbox's root: the merged root takes
 /// the upper's owner.
-pub(crate) fn own_uppers(uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
+fn own_uppers(uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<()> {
     for (upper, _) in uppers {
         std::os::unix::fs::chown(upper, Some(uid_base), Some(uid_base))?;
     }
@@ -218,20 +228,19 @@ impl Engine {
             // end). This sandbox takes another slot, and a stub of its own
             // under the same id; the early one goes, with its init.
             tracing::debug!(%id, "the uid slot planned at start is recorded live; replanning");
-            if let Ok(s) = pending.task.await {
-                self.discard_stub(s);
-            }
             let (maker, id2) = (inner.maker.clone(), id.clone());
-            pending.task = Box::pin(async move { maker.make(id2).await });
+            let early = std::mem::replace(
+                &mut pending.task,
+                Box::pin(async move { maker.make(id2).await }),
+            );
+            self.discard_pending(early).await;
             planned = None;
             slot = self.insert_leasing(&rec, None, &mut lease);
         }
         let (slot, cgroup, lease) = match (slot, cgroup, lease) {
             (Ok(s), Ok(c), Some(l)) => (s, c, l),
             (slot, cgroup, _) => {
-                if let Ok(s) = pending.task.await {
-                    self.discard_stub(s);
-                }
+                self.discard_pending(pending.task).await;
                 if slot.is_ok() {
                     let _ = inner
                         .store
@@ -259,9 +268,7 @@ impl Engine {
             // difference would be a bug, and the stub's init runs the
             // other plan, so the create fails rather than record a lie.
             if p.plan != spawn {
-                if let Ok(s) = pending.task.await {
-                    self.discard_stub(s);
-                }
+                self.discard_pending(pending.task).await;
                 return Err(self.record_failed(
                     &id,
                     EngineError::Internal(
@@ -402,12 +409,8 @@ impl Engine {
             // The sandbox's directory is init's working directory. Every
             // stub comes with the directories of `STUB_LAYERS` layers
             // already made.
-            if plan.uppers.len() > STUB_LAYERS {
-                make_dirs(&plan.workdir, plan.uppers.len())
-                    .map_err(|e| internal("creating directories", &e))?;
-            }
-            own_uppers(&plan.uppers, plan.uid_base)
-                .map_err(|e| internal("giving the upper directories to the sandbox", &e))?;
+            prepare_dirs(plan, STUB_LAYERS)
+                .map_err(|e| internal("preparing the sandbox's directories", &e))?;
             // The stub's cgroups were made with the default limits; only
             // other limits need writing.
             if limits != &self.inner.cfg.default_limits {

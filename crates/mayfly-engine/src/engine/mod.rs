@@ -75,12 +75,8 @@ pub(crate) fn make_stub_dirs(dir: &std::path::Path) -> std::io::Result<()> {
     create::make_dirs(dir, create::STUB_LAYERS)
 }
 
-/// A planned sandbox's directories, its upper directories given to its
-/// root (what the engine does before it sends a plan).
-pub(crate) fn make_planned_dirs(plan: &crate::runtime::proto::SpawnPlan) -> std::io::Result<()> {
-    create::make_dirs(&plan.workdir, plan.uppers.len())?;
-    create::own_uppers(&plan.uppers, plan.uid_base)
-}
+pub(crate) use create::prepare_dirs;
+pub(crate) use owner::write_marker;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -146,11 +142,10 @@ impl Engine {
             stubs_dir: cfg.stubs_dir(),
             sandboxes_dir: cfg.sandboxes_dir(),
         });
-        // A one-shot engine (`mayfly run`) adopts the stub its zygote forked
-        // as the process started (see `engine::early`); it goes on being
-        // made while this thread opens the store and reconciles. Should
-        // opening the store fail, the stub dies with the zygote when this
-        // process exits, and its marker (written before its cgroups) lets
+        // A one-shot engine (`mayfly run`) adopts the stub this process
+        // forked as it started (see `engine::early`); it goes on being made
+        // while this thread opens the store and reconciles. Should opening
+        // the store fail, the stub dies with this process, and its marker (written before its cgroups) lets
         // the next start's recovery remove the rest.
         let early_stub = match tokio::runtime::Handle::try_current() {
             Ok(_) if cfg.stub_pool == 0 => maker.adopt_early(),

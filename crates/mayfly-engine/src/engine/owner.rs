@@ -47,6 +47,15 @@ impl Owner {
     }
 }
 
+/// Writes a stub marker whole: under a temporary name (`.<id>`), then
+/// renamed, so a recovery running meanwhile never reads it empty and takes
+/// it for a dead owner's.
+pub(crate) fn write_marker(marker: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let name = marker.file_name().unwrap_or_default().to_string_lossy();
+    let temp = marker.with_file_name(format!(".{name}"));
+    std::fs::write(&temp, text).and_then(|()| std::fs::rename(&temp, marker))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

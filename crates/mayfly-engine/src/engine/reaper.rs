@@ -171,8 +171,9 @@ pub(crate) fn reaper_main(
     }
     mayfly_sys::cgroup::remove_empty_parents(&plan.layout);
     // Last, off everyone's critical path: fresh namespaces for the next
-    // run's stub to join, made in this process, which then exits.
-    if let Some(dir) = &plan.spare_ns {
+    // run's stub to join, made in this process, which then exits. Not after
+    // a run that died: its reaper only cleans up.
+    if let Some(dir) = plan.spare_ns.as_ref().filter(|_| handed) {
         if mayfly_sys::spare_ns::count(dir) < super::config::SPARE_NS_TARGET {
             if let Ok(name) = super::create::random_id() {
                 let name = name.as_str().replacen("mf-", "spare-", 1);

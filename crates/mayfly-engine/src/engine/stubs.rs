@@ -27,11 +27,14 @@ pub(crate) struct ReadyStub {
     pub spawned: bool,
 }
 
+/// A stub that may still be in the making.
+pub(crate) type StubTask =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ReadyStub, EngineError>> + Send>>;
+
 /// A stub whose id is known and which may still be in the making.
 pub(crate) struct PendingStub {
     pub id: SandboxId,
-    pub task:
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<ReadyStub, EngineError>> + Send>>,
+    pub task: StubTask,
     /// The sandbox as planned before the runtime started, if it was.
     pub planned: Option<Planned>,
 }
@@ -73,12 +76,7 @@ impl StubMaker {
         // Written before any cgroup exists, so recovery after a crash finds
         // and removes them.
         let marker = self.stubs_dir.join(id.as_str());
-        // Written whole under a temporary name, then renamed: a recovery
-        // running meanwhile must never read it empty and take it for a
-        // dead owner's.
-        let temp = self.stubs_dir.join(format!(".{}", id.as_str()));
-        std::fs::write(&temp, self.owner.marker())
-            .and_then(|()| std::fs::rename(&temp, &marker))
+        super::owner::write_marker(&marker, &self.owner.marker())
             .map_err(|e| EngineError::Internal(format!("{}: {e}", marker.display())))?;
         // The directories of the `host` template (a root and /usr overlay),
         // made now rather than on the create's critical path, while the
@@ -312,6 +310,13 @@ impl Engine {
 
     /// Kills an unused stub, removes its cgroups (waiting for the stub to
     /// leave them) and its marker.
+    /// Discards a stub still in the making, once it is made.
+    pub(crate) async fn discard_pending(&self, task: StubTask) {
+        if let Ok(s) = task.await {
+            self.discard_stub(s);
+        }
+    }
+
     pub(crate) fn discard_stub(&self, s: ReadyStub) {
         s.stub.kill();
         if let Err(e) = mayfly_sys::cgroup::remove(&s.cgroup) {

@@ -156,23 +156,22 @@ pub(super) fn stub_main(
     }
 }
 
-/// A one-shot zygote's first stub: its marker (written whole, then renamed,
-/// before anything it names exists), its cgroups, and its directories. On
+/// A one-shot engine's stub: its marker (before anything it names exists),
+/// its cgroups, and its directories (with their owner, when planned). On
 /// failure the engine removes whatever was made.
 fn early_work(w: &EarlyWork) -> Result<(), String> {
     let err = |what: &dyn std::fmt::Display, e: &dyn std::fmt::Display| format!("{what}: {e}");
     for d in [w.marker.parent(), w.dir.parent()].into_iter().flatten() {
         std::fs::create_dir_all(d).map_err(|e| err(&d.display(), &e))?;
     }
-    let temp = w.marker.with_file_name(format!(".{}", w.id));
-    std::fs::write(&temp, &w.marker_text)
-        .and_then(|()| std::fs::rename(&temp, &w.marker))
+    crate::engine::write_marker(&w.marker, &w.marker_text)
         .map_err(|e| err(&w.marker.display(), &e))?;
     mayfly_sys::cgroup::apply(&w.cgroup).map_err(|e| err(&"creating cgroups", &e))?;
     match &w.plan {
-        None => crate::engine::make_stub_dirs(&w.dir).map_err(|e| err(&w.dir.display(), &e)),
-        Some(plan) => crate::engine::make_planned_dirs(plan).map_err(|e| err(&w.dir.display(), &e)),
+        None => crate::engine::make_stub_dirs(&w.dir),
+        Some(plan) => crate::engine::prepare_dirs(plan, 0),
     }
+    .map_err(|e| err(&w.dir.display(), &e))
 }
 
 /// Moves this (single-threaded) process into v1 cgroups by writing `0` to

@@ -61,7 +61,7 @@ impl Zygote {
     /// A one-shot engine's start: this process forks `early`'s stub (for
     /// the sandbox `id`, in `cgroup`) itself, as its first act, then the
     /// zygote (which then only forks the reaper). The engine takes the stub
-    /// with [`Zygote::take_early_stub`].
+    /// with [`Zygote::take_early`].
     pub(crate) fn start_one_shot(
         id: SandboxId,
         cgroup: CgroupPlan,
@@ -135,15 +135,10 @@ impl Zygote {
         id: &str,
         join: &[std::path::PathBuf],
     ) -> Result<StubHandle, RuntimeError> {
-        self.stub_reply(ZygoteRequest::ForkStub {
+        let req = ZygoteRequest::ForkStub {
             id: id.to_owned(),
             join: join.to_vec(),
-        })
-        .await
-    }
-
-    /// Asks for a stub and waits until it has prepared its namespaces.
-    async fn stub_reply(&self, req: ZygoteRequest) -> Result<StubHandle, RuntimeError> {
+        };
         match self.ask(&req, &[]).await? {
             (ZygoteReply::Forked { pid }, mut fds) if fds.len() == 2 => {
                 let sock = fds.pop().ok_or(RuntimeError::ZygoteGone)?;
@@ -162,20 +157,7 @@ impl Zygote {
     pub(crate) fn take_early(&self) -> Option<EarlyFork> {
         self.early.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
-}
 
-impl EarlyFork {
-    /// The early stub, once it has done its work and prepared its
-    /// namespaces. Call inside the runtime.
-    pub(crate) async fn prepared(self) -> Result<StubHandle, RuntimeError> {
-        let (pid, pidfd, sock) = self.stub;
-        let stub = StubHandle::new(pid, pidfd, sock)?;
-        stub.wait_prepared().await?;
-        Ok(stub)
-    }
-}
-
-impl Zygote {
     /// Has the zygote fork a detached reaper for a sandbox; returns the
     /// reaper's pid. The reaper outlives this process.
     pub async fn fork_reaper(
@@ -194,6 +176,17 @@ impl Zygote {
             (ZygoteReply::Failed { message }, _) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("bad zygote reply".into())),
         }
+    }
+}
+
+impl EarlyFork {
+    /// The early stub, once it has done its work and prepared its
+    /// namespaces. Call inside the runtime.
+    pub(crate) async fn prepared(self) -> Result<StubHandle, RuntimeError> {
+        let (pid, pidfd, sock) = self.stub;
+        let stub = StubHandle::new(pid, pidfd, sock)?;
+        stub.wait_prepared().await?;
+        Ok(stub)
     }
 }
 

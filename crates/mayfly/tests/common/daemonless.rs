@@ -24,15 +24,23 @@ pub fn assert_runs_cleaned(dir: &tempfile::TempDir) -> Vec<mayfly_store::Sandbox
     assert_runs_cleaned_but(dir, &[])
 }
 
-/// [`assert_runs_cleaned`], for every sandbox but `except`.
-pub fn assert_runs_cleaned_but(
+/// Where a test's daemonless runs keep their spare namespaces (see
+/// `mayfly_sys::spare_ns`): beside the state directory, not the host's.
+pub fn spare_ns_dir(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("spare-ns")
+}
+
+/// Waits (up to 5 s) until every sandbox of the test's state directory but
+/// `except` is recorded `destroyed` and its reaper has exited; returns those
+/// records.
+fn wait_for_reapers(
     dir: &tempfile::TempDir,
     except: &[SandboxId],
 ) -> Vec<mayfly_store::SandboxRecord> {
     let state = dir.path().join("state");
     let store = mayfly_store::Store::open(&state).expect("opening the run's store");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let records = loop {
+    loop {
         let mut records = store.list_sandboxes(true).expect("listing sandboxes");
         records.retain(|r| !except.contains(&r.id));
         let done = records.iter().all(|r| {
@@ -40,10 +48,34 @@ pub fn assert_runs_cleaned_but(
                 && mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start)
         });
         if done || std::time::Instant::now() >= deadline {
-            break records;
+            return records;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    }
+}
+
+/// Once the test's runs' reapers have exited (the last thing each does is
+/// leave a spare namespace set), removes those sets: a test leaves no mount.
+pub fn drain_spares(dir: &tempfile::TempDir) {
+    wait_for_reapers(dir, &[]);
+    drain_now(dir);
+}
+
+fn drain_now(dir: &tempfile::TempDir) {
+    let spares = spare_ns_dir(dir);
+    mayfly_sys::spare_ns::drain(&spares);
+    let mounts = super::host::mounts_mentioning(&[&spares.to_string_lossy()]);
+    assert!(mounts.is_empty(), "spare namespace mounts left: {mounts:?}");
+}
+
+/// [`assert_runs_cleaned`], for every sandbox but `except`.
+pub fn assert_runs_cleaned_but(
+    dir: &tempfile::TempDir,
+    except: &[SandboxId],
+) -> Vec<mayfly_store::SandboxRecord> {
+    let state = dir.path().join("state");
+    let records = wait_for_reapers(dir, except);
+    drain_now(dir);
     assert!(!records.is_empty(), "no sandbox was recorded");
     for r in &records {
         assert_eq!(

@@ -353,6 +353,7 @@ pub fn daemonless_cmd(dir: &tempfile::TempDir, args: &[&str]) -> Command {
         .arg("--state-dir")
         .arg(dir.path().join("state"))
         .args(args)
+        .env("MAYFLY_SPARE_NS_DIR", daemonless::spare_ns_dir(dir))
         .stdin(Stdio::null());
     cmd
 }
