@@ -10,7 +10,7 @@ use crate::density::{Density, FIELDS};
 use crate::stats::{paired_ratio_median, Samples, Summary};
 
 /// Every series the bench can produce, in report order, with its label.
-const MEASURES: [(&str, &str); 16] = [
+const MEASURES: [(&str, &str); 18] = [
     ("create", "create→ready, API round trip"),
     ("create_daemon", "create→ready, daemon's own `create_ms`"),
     ("destroy", "destroy, API returns"),
@@ -21,9 +21,20 @@ const MEASURES: [(&str, &str); 16] = [
     ("exec", "exec `true`, API round trip"),
     ("exec_daemon", "exec `true`, daemon's own `duration_us`"),
     ("fork_exec", "fork+exec `/bin/true` (floor)"),
-    ("run_mayfly", "`mayfly run -- /bin/true`, daemonless"),
     (
-        "run_mayfly_cleanup",
+        "run_mayfly",
+        "`mayfly run -- /bin/true`, daemonless (served by a parked sandbox)",
+    ),
+    (
+        "run_mayfly_parked_again",
+        "… until the next sandbox is parked and its reaper has exited (not a peer measure)",
+    ),
+    (
+        "run_mayfly_cold",
+        "`mayfly run --park 0 -- /bin/true`, daemonless, cold",
+    ),
+    (
+        "run_mayfly_cold_cleanup",
         "… until its reaper has removed everything (not a peer measure)",
     ),
     ("run_bwrap", "`bwrap --unshare-all … /bin/true`"),
@@ -244,14 +255,16 @@ impl Report {
         let mut rows = Vec::new();
         for (a, b, label) in [
             ("run_mayfly", "run_bwrap", "mayfly run / bwrap"),
+            ("run_mayfly_cold", "run_bwrap", "mayfly run cold / bwrap"),
             (
-                "run_mayfly_cleanup",
+                "run_mayfly_cold_cleanup",
                 "run_bwrap",
-                "mayfly run until its reaper is done / bwrap",
+                "mayfly run cold until its reaper is done / bwrap",
             ),
             ("run_mayfly", "run_unshare", "mayfly run / unshare floor"),
             ("run_mayfly", "run_runc", "mayfly run / runc"),
             ("run_podman", "run_mayfly", "podman / mayfly run"),
+            ("run_podman", "run_mayfly_cold", "podman / mayfly run cold"),
             ("exec", "fork_exec", "exec over API / fork+exec"),
         ] {
             if let Some((r, pm)) = self.ratio(a, b) {

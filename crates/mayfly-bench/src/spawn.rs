@@ -1,5 +1,9 @@
 //! One-shot `/bin/true`, end to end, as a user would spawn it: daemonless
 //! `mayfly run` against bwrap, runc, podman and the bare namespace floor.
+//! `mayfly run` is measured twice: as it runs by default, served by the
+//! sandbox the previous run's reaper had parked (see `mayfly_engine::park`),
+//! and cold (`--park 0`), making its sandbox on its critical path. Each in
+//! its own state directory.
 //!
 //! The tools are interleaved round-robin, one run of each per iteration with
 //! the starting tool rotated, so that a burst of noise on this shared machine
@@ -33,6 +37,8 @@ struct Tool {
     argv: Vec<String>,
     /// Runs on iterations where `i % every == 0`.
     every: usize,
+    /// `mayfly run`'s state directory, and whether it parks.
+    mayfly: Option<(PathBuf, bool)>,
     samples: Samples,
     failed: bool,
 }
@@ -46,36 +52,50 @@ fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// The tools to compare, leaving out (with a note) the peers not set up.
-fn tools(setup: &PeerSetup, state: &Path, iterations: usize, report: &mut Report) -> Vec<Tool> {
-    let tool = |key, argv, every| Tool {
-        key,
-        argv,
-        every,
-        samples: Samples::new(),
-        failed: false,
-    };
+/// `mayfly run -- /bin/true` without a daemon, in `state`, parking or not.
+fn mayfly_tool(setup: &PeerSetup, key: &'static str, state: &Path, park: bool) -> Tool {
     let mayfly = setup.mayfly.display().to_string();
-    let state = state.display().to_string();
+    let s = state.display().to_string();
     // The socket path names nothing, so `run` finds no daemon and runs the
     // engine in-process: the daemonless path.
-    let socket = format!("{state}/no-daemon.sock");
-    let mut v = vec![tool(
-        "run_mayfly",
-        argv(&[
+    let socket = format!("{s}/no-daemon.sock");
+    Tool {
+        key,
+        argv: argv(&[
             &mayfly,
             "--state-dir",
-            &state,
+            &s,
             "--socket",
             &socket,
             "--spare-ns-dir",
-            &format!("{state}/spare-ns"),
+            &format!("{s}/spare-ns"),
+            "--park",
+            if park { "1" } else { "0" },
             "run",
             "--",
             "/bin/true",
         ]),
-        1,
-    )];
+        every: 1,
+        mayfly: Some((state.to_path_buf(), park)),
+        samples: Samples::new(),
+        failed: false,
+    }
+}
+
+/// The tools to compare, leaving out (with a note) the peers not set up.
+fn tools(setup: &PeerSetup, scratch: &Path, iterations: usize, report: &mut Report) -> Vec<Tool> {
+    let tool = |key, argv, every| Tool {
+        key,
+        argv,
+        every,
+        mayfly: None,
+        samples: Samples::new(),
+        failed: false,
+    };
+    let mut v = vec![
+        mayfly_tool(setup, "run_mayfly", &scratch.join("state"), true),
+        mayfly_tool(setup, "run_mayfly_cold", &scratch.join("state-cold"), false),
+    ];
     if on_path("bwrap") {
         let a = "--ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc /bin/true";
         let mut a: Vec<String> = a.split(' ').map(str::to_owned).collect();
@@ -153,9 +173,12 @@ pub fn measure(
         setup.mayfly.display()
     );
     let scratch = Scratch::new("run")?;
-    let state = scratch.path.join("state");
-    let mut tools = tools(setup, &state, iterations, report);
+    let mut tools = tools(setup, &scratch.path, iterations, report);
     let mut cleaned = Samples::new();
+    let mut parked_again = Samples::new();
+    // Sandboxes parked host-wide (each has cgroups) once the parking tool
+    // has run.
+    let mut parked = 0;
     let n = tools.len();
     for i in 0..warmup + iterations {
         for k in 0..n {
@@ -192,32 +215,61 @@ pub fn measure(
             if i >= warmup {
                 t.samples.push_at(i - warmup, took.as_secs_f64() * 1e3);
             }
-            if t.key == "run_mayfly" {
-                // `mayfly run` exits once its sandbox is killed; a reaper
-                // finishes the destroy. The next tool starts only after
-                // that, so no peer is timed while Mayfly's cleanup runs.
-                match wait_run_cleaned(&state, start, Duration::from_secs(10)) {
-                    Some(all) if i >= warmup => {
-                        cleaned.push_at(i - warmup, all.as_secs_f64() * 1e3)
-                    }
-                    Some(_) => {}
-                    None => report.note(format!(
-                        "A daemonless run's cleanup did not finish within 10 s (iteration {i})."
-                    )),
+            let Some((state, parks)) = &t.mayfly else {
+                continue;
+            };
+            // `mayfly run` exits once its sandbox is killed; a reaper
+            // finishes the destroy (and, parking, a keeper then parks the
+            // next sandbox). The next tool starts only after that, so no
+            // peer is timed while Mayfly's cleanup or parking runs.
+            if *parks {
+                parked = 1;
+            }
+            let live = if *parks { 1 } else { 0 };
+            match wait_settled(state, live, parked, start, Duration::from_secs(10)) {
+                Some(all) if i >= warmup => {
+                    let series = if *parks {
+                        &mut parked_again
+                    } else {
+                        &mut cleaned
+                    };
+                    series.push_at(i - warmup, all.as_secs_f64() * 1e3)
                 }
+                Some(_) => {}
+                None => report.note(format!(
+                    "A daemonless run's cleanup{} did not finish within 10 s (iteration {i}).",
+                    if *parks { " and parking" } else { "" }
+                )),
             }
         }
     }
+    let mut states = Vec::new();
     for t in tools {
+        if let Some((state, _)) = &t.mayfly {
+            states.push(state.clone());
+        }
         if !t.failed {
             report.add(t.key, t.samples);
         }
     }
-    report.add("run_mayfly_cleanup", cleaned);
-    leftovers(&state, report);
-    // The spare namespaces the last reaper left (in the bench's own state
-    // directory, not the host's) go with it.
-    mayfly_sys::spare_ns::drain(&state.join("spare-ns"));
+    report.add("run_mayfly_cold_cleanup", cleaned);
+    report.add("run_mayfly_parked_again", parked_again);
+    for state in states {
+        // The parked sandbox goes (`mayfly prune`), as do the spare
+        // namespaces the reapers left in the bench's own directories.
+        let pruned = Command::new(&setup.mayfly)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--spare-ns-dir")
+            .arg(state.join("spare-ns"))
+            .arg("prune")
+            .stdout(Stdio::null())
+            .status();
+        if !pruned.is_ok_and(|s| s.success()) {
+            report.note(format!("`mayfly prune` failed for {}.", state.display()));
+        }
+        leftovers(&state, report);
+    }
     Ok(())
 }
 
@@ -244,30 +296,45 @@ fn reapers() -> Vec<PathBuf> {
         .collect()
 }
 
-/// Polls until a daemonless run's sandbox is fully gone: no directory under
-/// `sandboxes/` or `trash/`, no sandbox cgroup on the host (nothing else
-/// makes any while the bench runs), and its reaper has exited (a zombie
-/// counts as exited; after its record, a reaper makes the next run's spare
-/// namespaces). The time since `since`, or `None` after `limit`.
-fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Duration> {
-    let reapers = reapers();
-    let empty = |d: PathBuf| std::fs::read_dir(d).map_or(true, |mut e| e.next().is_none());
-    // v1 hierarchies, and the v2 root.
-    let no_cgroups = || {
-        ["memory/mayfly", "pids/mayfly", "cpu/mayfly", "mayfly"]
-            .iter()
-            .all(|p| {
-                std::fs::read_dir(Path::new("/sys/fs/cgroup").join(p)).map_or(true, |d| {
-                    !d.flatten()
-                        .any(|e| e.file_name().to_string_lossy().starts_with("mf-"))
-                })
+/// Mayfly's cgroups on the host (v1 hierarchies, and the v2 root); nothing
+/// else makes any while the bench runs.
+fn sandbox_cgroups() -> usize {
+    ["memory/mayfly", "pids/mayfly", "cpu/mayfly", "mayfly"]
+        .iter()
+        .map(|p| {
+            std::fs::read_dir(Path::new("/sys/fs/cgroup").join(p)).map_or(0, |d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("mf-"))
+                    .count()
             })
-    };
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Polls until a daemonless run has settled: its sandbox is fully gone (no
+/// directory in `trash/`, `live` under `sandboxes/`, no more than
+/// `parked` sandbox cgroups in any hierarchy), its reaper has exited (a
+/// zombie counts as exited; after its record, a reaper makes the next
+/// run's spare namespaces and may start a keeper), and, with `live` 1, a
+/// keeper has parked the next sandbox. The time since `since`, or `None`
+/// after `limit`.
+fn wait_settled(
+    state: &Path,
+    live: usize,
+    parked: usize,
+    since: Instant,
+    limit: Duration,
+) -> Option<Duration> {
+    let reapers = reapers();
+    let count = |d: PathBuf| std::fs::read_dir(d).map_or(0, |e| e.count());
+    let socket = state.join("parked/keeper-0.sock");
     loop {
-        if empty(state.join("sandboxes"))
-            && empty(state.join("trash"))
-            && no_cgroups()
+        if count(state.join("sandboxes")) == live
+            && count(state.join("trash")) == 0
+            && sandbox_cgroups() == parked
             && reapers.iter().all(|p| !running(p))
+            && (live == 0 || socket.exists())
         {
             return Some(since.elapsed());
         }
@@ -278,7 +345,8 @@ fn wait_run_cleaned(state: &Path, since: Instant, limit: Duration) -> Option<Dur
     }
 }
 
-/// A daemonless run must leave its state directory without sandboxes.
+/// A daemonless run (and `mayfly prune`) must leave its state directory
+/// without sandboxes.
 fn leftovers(state: &Path, report: &mut Report) {
     for sub in ["sandboxes", "trash"] {
         let dir = state.join(sub);

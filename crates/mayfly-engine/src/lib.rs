@@ -9,13 +9,14 @@ pub mod api;
 mod engine;
 mod error;
 pub mod files;
+pub mod park;
 pub mod plan;
 pub mod runtime;
 pub mod template;
 
 pub use api::{Caller, ExecStream, SandboxApi};
 pub use engine::{
-    start_one_shot_zygote, Engine, EngineConfig, RecoveryReport, DEFAULT_SPARE_NS_DIR,
+    start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport, DEFAULT_SPARE_NS_DIR,
 };
 pub use error::EngineError;
 pub use mayfly_types::UploadSummary;

@@ -258,6 +258,19 @@ impl Store {
         Ok(())
     }
 
+    /// Moves a live sandbox's deadline (a parked sandbox gets its TTL when
+    /// a run claims it).
+    pub fn set_expires_at(&self, id: &SandboxId, expires_at: UnixMillis) -> Result<(), StoreError> {
+        let changed = self
+            .conn()
+            .prepare_cached("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1")?
+            .execute(params![id.as_str(), expires_at])?;
+        if changed == 0 {
+            return Err(StoreError::NotFound { id: id.clone() });
+        }
+        Ok(())
+    }
+
     pub fn get_sandbox(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(

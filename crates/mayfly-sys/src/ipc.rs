@@ -160,3 +160,83 @@ pub fn register_async(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<O
     // closed or registered elsewhere while the registration lives.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
+
+/// A listening, close-on-exec, non-blocking seqpacket socket bound at
+/// `path` (which must not exist), reachable only by root: the socket file
+/// is made 0600 before it is listened on.
+pub fn seqpacket_listen(path: &std::path::Path) -> Result<OwnedFd, IpcError> {
+    use nix::sys::socket::{bind, listen, socket, Backlog, UnixAddr};
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| nix_err("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| nix_err("socket path", e))?;
+    bind(sock.as_raw_fd(), &addr).map_err(|e| nix_err("bind", e))?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(
+        |source| IpcError::Io {
+            op: "chmod",
+            source,
+        },
+    )?;
+    let backlog = Backlog::new(8).map_err(|e| nix_err("listen", e))?;
+    listen(&sock, backlog).map_err(|e| nix_err("listen", e))?;
+    Ok(sock)
+}
+
+/// Accepts one connection (close-on-exec, blocking). With a non-blocking
+/// listener and none pending, the error's [`IpcError::would_block`] is true.
+pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, IpcError> {
+    loop {
+        match nix::sys::socket::accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+            // SAFETY: accept4 returned a fresh descriptor that nothing else owns.
+            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(nix::Error::EINTR) | Err(nix::Error::ECONNABORTED) => continue,
+            Err(e) => return Err(nix_err("accept4", e)),
+        }
+    }
+}
+
+/// Connects a close-on-exec seqpacket socket to the listener at `path`.
+pub fn seqpacket_connect(path: &std::path::Path) -> Result<OwnedFd, IpcError> {
+    use nix::sys::socket::{connect, socket, UnixAddr};
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| nix_err("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| nix_err("socket path", e))?;
+    loop {
+        match connect(sock.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(sock),
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(nix_err("connect", e)),
+        }
+    }
+}
+
+/// The uid and pid of the process on the other end of a unix socket, as
+/// the kernel recorded them when the connection was made.
+pub fn peer(sock: BorrowedFd<'_>) -> Result<(u32, i32), IpcError> {
+    let cred = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| nix_err("getsockopt(SO_PEERCRED)", e))?;
+    Ok((cred.uid(), cred.pid()))
+}
+
+/// Makes blocking receives on `sock` give up after `timeout` (the error's
+/// [`IpcError::would_block`] is then true).
+pub fn set_recv_timeout(
+    sock: BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> Result<(), IpcError> {
+    let tv = nix::sys::time::TimeVal::new(
+        timeout.as_secs() as libc::time_t,
+        timeout.subsec_micros() as libc::suseconds_t,
+    );
+    nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+        .map_err(|e| nix_err("setsockopt(SO_RCVTIMEO)", e))
+}

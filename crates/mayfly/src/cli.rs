@@ -39,6 +39,15 @@ pub struct Cli {
         default_value = mayfly_engine::DEFAULT_SPARE_NS_DIR
     )]
     pub spare_ns_dir: PathBuf,
+    /// Sandboxes daemonless runs keep booted ahead for the next runs, per
+    /// state directory (0: none; each is used once, then replaced).
+    #[arg(long, global = true, env = "MAYFLY_PARK", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(0..=mayfly_engine::park::MAX_KEEPERS as i64))]
+    pub park: u32,
+    /// How long a parked sandbox waits for a run before it is destroyed.
+    #[arg(long, global = true, env = "MAYFLY_PARK_IDLE", default_value = "10m",
+          value_parser = humantime::parse_duration)]
+    pub park_idle: std::time::Duration,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     pub json: bool,
@@ -68,6 +77,21 @@ pub enum Command {
     Audit(IdArgs),
     /// Copy files between the host and a sandbox (`ID:PATH` names the sandbox side).
     Cp(CpArgs),
+    /// Remove what daemonless runs keep ready: parked sandboxes and spare
+    /// namespaces.
+    Prune,
+    /// Boot a sandbox and keep it parked for the next daemonless run
+    /// (started by runs themselves).
+    #[command(hide = true)]
+    Park(ParkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ParkArgs {
+    /// When the run whose reaper started this keeper ended (unix ms); a
+    /// `mayfly prune` since then means: do not park.
+    #[arg(long, env = mayfly_engine::park::AFTER_ENV)]
+    pub after: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -118,6 +142,15 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
+    /// The spec a plain `mayfly run` asks for, which parked sandboxes are
+    /// made with (its TTL is applied when a run claims one).
+    pub fn parked_request() -> CreateRequest {
+        CreateRequest {
+            template: Some(TemplateRef::Host),
+            ..CreateRequest::default()
+        }
+    }
+
     pub fn request(&self) -> anyhow::Result<CreateRequest> {
         let cpu_millis = match self.cpus {
             Some(c) if !(c.is_finite() && c > 0.0 && c <= 256.0) => {
@@ -275,6 +308,28 @@ mod tests {
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999t").is_err());
         assert!(parse_size("5x").is_err());
+    }
+
+    #[test]
+    fn a_plain_run_asks_for_the_parked_spec() {
+        let cli = Cli::parse_from(["mayfly", "run", "--", "true"]);
+        let Command::Run(a) = cli.command else {
+            panic!("not a run")
+        };
+        assert_eq!(a.spec.request().unwrap(), SpecArgs::parked_request());
+        let cli = Cli::parse_from(["mayfly", "run", "--ttl", "30s", "--", "true"]);
+        let Command::Run(a) = cli.command else {
+            panic!("not a run")
+        };
+        let asked = a.spec.request().unwrap();
+        assert_eq!(asked.ttl_secs, Some(30));
+        assert_eq!(
+            CreateRequest {
+                ttl_secs: None,
+                ..asked
+            },
+            SpecArgs::parked_request()
+        );
     }
 
     #[test]

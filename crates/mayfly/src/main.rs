@@ -5,6 +5,7 @@
 
 mod cli;
 mod cmd_cp;
+mod cmd_park;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_serve;
@@ -39,6 +40,16 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         // A daemon holds a few descriptors per sandbox; the default soft
         // limit (often 1024) would cap it at a few hundred sandboxes.
         mayfly_sys::process::raise_nofile_limit()?;
+    }
+    match &cli.command {
+        Command::Park(ref a) => return cmd_park::keeper(&cli, a),
+        Command::Prune => return cmd_park::prune(&cli),
+        Command::Run(a) if needs_engine && cli.park > 0 => {
+            if let Some(code) = cmd_run::try_parked(&cli, a)? {
+                return Ok(code);
+            }
+        }
+        _ => {}
     }
     let daemon = matches!(cli.command, Command::Serve(_));
     // A daemonless run's zygote starts making the run's sandbox stub right
@@ -76,6 +87,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
+            Command::Park(_) | Command::Prune => unreachable!("handled before the runtime"),
         }
     });
     // The process exits right after: idle blocking-pool threads are not

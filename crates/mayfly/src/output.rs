@@ -56,16 +56,27 @@ pub fn sandbox_table(list: &[SandboxInfo]) {
 
 /// Writes one streamed event to this process's stdout or stderr, raw.
 pub fn write_event(ev: &ExecEvent) -> std::io::Result<()> {
+    write_event_to(
+        ev,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}
+
+/// Writes one streamed event to `out` or `err`, raw.
+pub fn write_event_to(
+    ev: &ExecEvent,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> std::io::Result<()> {
     match ev {
         ExecEvent::Stdout(b) => {
-            let mut o = std::io::stdout().lock();
-            o.write_all(b)?;
-            o.flush()
+            out.write_all(b)?;
+            out.flush()
         }
         ExecEvent::Stderr(b) => {
-            let mut o = std::io::stderr().lock();
-            o.write_all(b)?;
-            o.flush()
+            err.write_all(b)?;
+            err.flush()
         }
         ExecEvent::Exit(_) => Ok(()),
     }
@@ -73,14 +84,30 @@ pub fn write_event(ev: &ExecEvent) -> std::io::Result<()> {
 
 /// Reports a finished command (notes go to stderr) and returns its exit code.
 pub fn finish(r: &ExecResult, json_mode: bool) -> anyhow::Result<i32> {
+    finish_to(
+        r,
+        json_mode,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}
+
+/// [`finish`], writing to `out` and `err`.
+pub fn finish_to(
+    r: &ExecResult,
+    json_mode: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<i32> {
     if json_mode {
-        json(r)?;
+        serde_json::to_writer_pretty(&mut *out, r)?;
+        writeln!(out)?;
     } else {
         if r.status.timed_out {
-            eprintln!("mayfly: command timed out and was killed");
+            writeln!(err, "mayfly: command timed out and was killed")?;
         }
         if r.stdout_truncated || r.stderr_truncated {
-            eprintln!("mayfly: output was truncated at the output limit");
+            writeln!(err, "mayfly: output was truncated at the output limit")?;
         }
     }
     Ok(r.status.shell_code())

@@ -39,6 +39,9 @@ pub struct EngineConfig {
     /// namespaces ready-made, and where its reaper leaves a fresh set for
     /// the next run (see `mayfly_sys::spare_ns`). None: never.
     pub spare_ns_dir: Option<PathBuf>,
+    /// Whether a one-shot engine's reaper starts a keeper that parks a
+    /// sandbox for the next run, and how (see `crate::park`). None: never.
+    pub park: Option<crate::park::ParkPlan>,
 }
 
 /// The host-wide directory of spare namespaces for daemonless runs.
@@ -61,6 +64,7 @@ impl Default for EngineConfig {
             stub_pool: 4,
             slot_lease_dir: PathBuf::from(super::leases::DEFAULT_LEASE_DIR),
             spare_ns_dir: None,
+            park: None,
         }
     }
 }

@@ -167,19 +167,7 @@ impl Engine {
                 )));
             }
         }
-        let ttl = match req.ttl_secs {
-            None => cfg.default_ttl.as_secs(),
-            Some(t) if t >= 1 && t <= cfg.max_ttl.as_secs() => t,
-            Some(t) => {
-                return Err(EngineError::Invalid(
-                    mayfly_types::TtlError {
-                        given_secs: t,
-                        max_secs: cfg.max_ttl.as_secs(),
-                    }
-                    .to_string(),
-                ))
-            }
-        };
+        let ttl = ttl_secs(cfg, req.ttl_secs)?;
         let limits = cfg
             .default_limits
             .with(&req.limits)
@@ -457,4 +445,20 @@ fn base_env(
         env.insert(k.clone(), v.clone());
     }
     env.into_iter().collect()
+}
+
+/// A create's TTL in seconds: the default when none is asked for, and
+/// never above the maximum.
+pub(super) fn ttl_secs(cfg: &super::EngineConfig, asked: Option<u64>) -> Result<u64, EngineError> {
+    match asked {
+        None => Ok(cfg.default_ttl.as_secs()),
+        Some(t) if t >= 1 && t <= cfg.max_ttl.as_secs() => Ok(t),
+        Some(t) => Err(EngineError::Invalid(
+            mayfly_types::TtlError {
+                given_secs: t,
+                max_secs: cfg.max_ttl.as_secs(),
+            }
+            .to_string(),
+        )),
+    }
 }

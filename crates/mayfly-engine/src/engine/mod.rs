@@ -27,6 +27,7 @@ use mayfly_types::SandboxId;
 
 pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
+pub use reaper::Detached;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
 
@@ -199,12 +200,38 @@ impl Engine {
         });
     }
 
+    /// Gives a live sandbox a new deadline, `ttl_secs` (or the default)
+    /// from now: a parked sandbox's TTL starts when a run claims it. The
+    /// deadline holds at once; the record is updated on a blocking thread,
+    /// which the returned handle joins.
+    pub fn renew_ttl(
+        &self,
+        id: &SandboxId,
+        ttl_secs: Option<u64>,
+    ) -> Result<tokio::task::JoinHandle<()>, EngineError> {
+        let ttl = create::ttl_secs(&self.inner.cfg, ttl_secs)?;
+        let sb = self.lookup(id)?;
+        let at = now_ms() + ttl * 1000;
+        sb.expires_at.store(at, Ordering::Relaxed);
+        let (engine, id) = (self.clone(), id.clone());
+        Ok(tokio::task::spawn_blocking(move || {
+            if let Err(e) = engine.inner.store.set_expires_at(&id, at) {
+                tracing::warn!(error = %e, %id, "recording a new deadline failed");
+            }
+        }))
+    }
+
+    /// A live sandbox's deadline (unix ms), as the engine holds it.
+    pub fn expires_at(&self, id: &SandboxId) -> Result<u64, EngineError> {
+        Ok(self.lookup(id)?.expires_at.load(Ordering::Relaxed))
+    }
+
     fn reap_expired(&self) {
         let now = now_ms();
         let expired: Vec<Arc<Sandbox>> = self
             .live()
             .into_iter()
-            .filter(|s| s.expires_at <= now && !s.is_stopping())
+            .filter(|s| s.expires_at.load(Ordering::Relaxed) <= now && !s.is_stopping())
             .collect();
         for sb in expired {
             let engine = self.clone();
@@ -218,14 +245,20 @@ impl Engine {
 
     /// Destroys every live sandbox (daemon shutdown).
     pub async fn shutdown(&self) {
+        self.shutdown_for("daemon_shutdown").await
+    }
+
+    /// Destroys every live sandbox, recording `reason` as why each ended.
+    pub async fn shutdown_for(&self, reason: &'static str) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
+        self.dismiss_reapers().await;
         self.drain_stubs().await;
         let all = self.live();
         let tasks: Vec<_> = all
             .into_iter()
             .map(|sb| {
                 let e = self.clone();
-                tokio::spawn(async move { e.destroy_sandbox(sb, "daemon_shutdown").await })
+                tokio::spawn(async move { e.destroy_sandbox(sb, reason).await })
             })
             .collect();
         for t in tasks {

@@ -9,8 +9,9 @@
 //! in a session of its own, with its standard streams on `/dev/null`, that
 //! outlives `mayfly run`.
 //!
-//! The reaper first waits on a pipe from the engine. One byte means the
-//! sandbox was handed over: the record already names the reaper as owner
+//! The reaper first waits on a pipe from the engine. One byte, `g`, means
+//! the sandbox was handed over (`x` means it was not needed after all: the
+//! engine destroyed the sandbox itself, and the reaper just exits): the record already names the reaper as owner
 //! and says `stopping` (one transaction), and init has been killed. End of
 //! file without it means the engine died first (its zygote, the stub and
 //! init die with it); the reaper then records the sandbox `failed`
@@ -30,6 +31,10 @@ use super::owner::Owner;
 use super::Engine;
 use crate::runtime::proto::ReapPlan;
 use crate::EngineError;
+
+/// The byte that tells a reaper it is not needed: its engine destroyed the
+/// sandbox itself (a keeper retiring, or shutdown). It then exits at once.
+const DISMISSED: u8 = b'x';
 
 /// A reaper forked for a sandbox, and the pipe that hands the sandbox over.
 pub(crate) struct Reaper {
@@ -59,6 +64,7 @@ impl Engine {
             layout: self.inner.layout().clone(),
             state_dir: self.inner.cfg.state_dir.clone(),
             spare_ns: self.inner.cfg.spare_ns_dir.clone(),
+            park: self.inner.cfg.park.clone(),
         };
         let maker = self.inner.maker.clone();
         tokio::spawn(async move {
@@ -85,6 +91,19 @@ impl Engine {
         })
     }
 
+    /// Sends every reaper prepared for a sandbox away, before the engine
+    /// destroys those sandboxes itself (without this, a reaper would take
+    /// the closed pipe for the engine's death and record the sandbox
+    /// failed).
+    pub(crate) async fn dismiss_reapers(&self) {
+        let pending: Vec<PendingReaper> = self.reapers().drain().map(|(_, r)| r).collect();
+        for p in pending {
+            if let Ok(Ok(reaper)) = p.await {
+                let _ = std::io::Write::write_all(&mut &reaper.go, &[DISMISSED]);
+            }
+        }
+    }
+
     fn reapers(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<SandboxId, PendingReaper>> {
@@ -95,38 +114,78 @@ impl Engine {
     /// returns once every process in it has been sent SIGKILL. Without a
     /// reaper, destroys it here and waits for the cleanup.
     pub async fn destroy_detached(&self, id: &SandboxId, reason: &str) -> Result<(), EngineError> {
+        self.stop_detached(id, reason).await?.hand_over()
+    }
+
+    /// The first half of [`Engine::destroy_detached`]: marks the sandbox
+    /// stopping and sends SIGKILL to every process in it (so nothing of it
+    /// runs once this returns); [`Detached::hand_over`] then records the
+    /// reaper as its owner and lets it finish. A keeper answers its run in
+    /// between.
+    pub async fn stop_detached(
+        &self,
+        id: &SandboxId,
+        reason: &str,
+    ) -> Result<Detached, EngineError> {
         let sb = self.lookup(id)?;
         let pending = self.reapers().remove(id);
         let pending = pending.unwrap_or_else(|| self.spawn_reaper(sb.clone()));
         let reaper = pending.await.ok().and_then(Result::ok);
+        let done = |reaper| Detached {
+            engine: self.clone(),
+            sb: sb.clone(),
+            reason: reason.to_owned(),
+            reaper,
+        };
         let Some(reaper) = reaper else {
             tracing::warn!(%id, "no reaper; destroying in this process");
-            self.destroy_sandbox(sb, reason).await?;
+            self.destroy_sandbox(sb.clone(), reason).await?;
             self.wait_cleanup().await;
-            return Ok(());
+            return Ok(done(None));
         };
         if !sb.begin_stop() {
             // Raced with another destroy (a TTL). Dropping `reaper.go`
             // makes the reaper clean up too, and its record update is
             // refused.
-            return Ok(());
+            return Ok(done(None));
         }
-        // The hand-over is recorded before the reaper may act on it.
-        let handed =
-            self.inner
-                .store
-                .stop_and_hand_over(id, reason, reaper.owner.pid, reaper.owner.start);
         let _ = process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
+        Ok(done(Some(reaper)))
+    }
+}
+
+/// A sandbox killed by [`Engine::stop_detached`], not yet handed to its
+/// reaper.
+pub struct Detached {
+    engine: Engine,
+    sb: std::sync::Arc<super::sandbox::Sandbox>,
+    reason: String,
+    /// None when nothing is left to hand over.
+    reaper: Option<Reaper>,
+}
+
+impl Detached {
+    /// Records the reaper as the sandbox's owner, `stopping`, and only
+    /// then lets it act; the engine forgets the sandbox.
+    pub fn hand_over(self) -> Result<(), EngineError> {
+        let Some(reaper) = self.reaper else {
+            return Ok(());
+        };
+        let (inner, id) = (&self.engine.inner, &self.sb.id);
+        let handed =
+            inner
+                .store
+                .stop_and_hand_over(id, &self.reason, reaper.owner.pid, reaper.owner.start);
         if handed.is_ok() {
             let _ = std::io::Write::write_all(&mut &reaper.go, b"g");
         }
-        self.inner
+        inner
             .sandboxes
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        sb.done.store(true, Ordering::SeqCst);
-        sb.destroyed.notify_waiters();
+        self.sb.done.store(true, Ordering::SeqCst);
+        self.sb.destroyed.notify_waiters();
         handed?;
         Ok(())
     }
@@ -139,7 +198,8 @@ impl Engine {
 /// It holds the sandbox's uid slot lease until it exits, after recording
 /// the end: a slot whose lease is free is then never one that a record
 /// still shows live (a daemonless run leases its slot before it can read
-/// the store; see `engine::early`).
+/// the store; see `engine::early`). Last, it makes spare namespaces and
+/// starts a keeper, each if there are fewer than wanted.
 pub(crate) fn reaper_main(
     plan: ReapPlan,
     init: OwnedFd,
@@ -152,12 +212,14 @@ pub(crate) fn reaper_main(
     let mut byte = [0u8; 1];
     let handed = loop {
         match std::io::Read::read(&mut go, &mut byte) {
+            Ok(1) if byte[0] == DISMISSED => process::exit_now(0),
             Ok(n) => break n == 1,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break false,
         }
     };
     drop(go);
+    let handed_at = super::now_ms();
     // Past the deadline the cgroup removal below kills whatever is left.
     let _ = process::wait_pidfd(init.as_fd(), Duration::from_secs(10));
     let _ = process::pidfd_send_signal(stub.as_fd(), libc::SIGKILL);
@@ -180,6 +242,11 @@ pub(crate) fn reaper_main(
                 let _ = mayfly_sys::spare_ns::make(dir, &name);
             }
         }
+    }
+    // Then the next run's sandbox, parked by a keeper of its own (which
+    // claims one of those sets).
+    if let Some(park) = plan.park.as_ref().filter(|_| handed) {
+        let _ = crate::park::spawn_keeper(park, handed_at);
     }
     process::exit_now(0)
 }

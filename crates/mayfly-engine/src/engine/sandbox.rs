@@ -20,7 +20,8 @@ pub(crate) struct Sandbox {
     pub id: SandboxId,
     pub uid_base: u32,
     pub init_pid: i32,
-    pub expires_at: u64,
+    /// Unix ms; moved when a parked sandbox is claimed.
+    pub expires_at: AtomicU64,
     pub conn: Arc<InitConn>,
     pub pidfd: AsyncFd<OwnedFd>,
     /// init's parent on the host; killed with the sandbox.
@@ -62,7 +63,7 @@ impl Sandbox {
             id,
             uid_base,
             init_pid,
-            expires_at,
+            expires_at: AtomicU64::new(expires_at),
             conn,
             pidfd,
             stub,

@@ -92,6 +92,8 @@ pub struct ReapPlan {
     pub state_dir: PathBuf,
     /// Where to leave a fresh set of spare namespaces for the next run.
     pub spare_ns: Option<PathBuf>,
+    /// How to start the next keeper (see `crate::park`).
+    pub park: Option<crate::park::ParkPlan>,
 }
 
 /// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and

@@ -9,6 +9,7 @@
 
 pub mod daemonless;
 pub mod host;
+pub mod parked;
 pub mod tarball;
 
 use std::os::unix::fs::PermissionsExt as _;
@@ -354,6 +355,9 @@ pub fn daemonless_cmd(dir: &tempfile::TempDir, args: &[&str]) -> Command {
         .arg(dir.path().join("state"))
         .args(args)
         .env("MAYFLY_SPARE_NS_DIR", daemonless::spare_ns_dir(dir))
+        // Cold runs: no sandbox is parked for a next run. Parked sandboxes
+        // have their own tests (tests/parked.rs, `common::parked`).
+        .env("MAYFLY_PARK", "0")
         .stdin(Stdio::null());
     cmd
 }
