@@ -262,3 +262,21 @@ fn run_json_output_is_an_exec_result() {
     );
     assert_runs_cleaned(&dir);
 }
+
+/// A daemonless run's sandbox lives no longer than its TTL: past it the
+/// command is killed, the run says why and exits 137, and nothing is left.
+#[test]
+fn a_daemonless_run_ends_at_its_ttl() {
+    common::require_root();
+    let dir = test_dir();
+    let t = std::time::Instant::now();
+    let out = daemonless(&dir, &["run", "--ttl", "1s", "--", "sleep", "30"]);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    assert!(
+        text(&out.stderr).contains("end of its TTL"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_runs_cleaned(&dir);
+}
