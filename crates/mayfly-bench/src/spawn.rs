@@ -192,6 +192,9 @@ pub fn measure(
                 .iter()
                 .map(|a| if a == ID { id.as_str() } else { a })
                 .collect();
+            // A parked sandbox's reaper waits, forked ahead, until that
+            // sandbox has served; a cold run's cleanup is its own reaper's.
+            let earlier_reapers = reapers();
             let start = Instant::now();
             let out = Command::new(&t.argv[0])
                 .args(&args)
@@ -226,7 +229,8 @@ pub fn measure(
                 parked = 1;
             }
             let live = if *parks { 1 } else { 0 };
-            match wait_settled(state, live, parked, start, Duration::from_secs(10)) {
+            let ignore = if *parks { Vec::new() } else { earlier_reapers };
+            match wait_settled(state, live, parked, &ignore, start, Duration::from_secs(10)) {
                 Some(all) if i >= warmup => {
                     let series = if *parks {
                         &mut parked_again
@@ -314,7 +318,8 @@ fn sandbox_cgroups() -> usize {
 
 /// Polls until a daemonless run has settled: its sandbox is fully gone (no
 /// directory in `trash/`, `live` under `sandboxes/`, no more than
-/// `parked` sandbox cgroups in any hierarchy), its reaper has exited (a
+/// `parked` sandbox cgroups in any hierarchy), its reaper (any alive now
+/// but those in `ignore`) has exited (a
 /// zombie counts as exited; after its record, a reaper makes the next
 /// run's spare namespaces and may start a keeper), and, with `live` 1, a
 /// keeper has parked the next sandbox. The time since `since`, or `None`
@@ -323,10 +328,12 @@ fn wait_settled(
     state: &Path,
     live: usize,
     parked: usize,
+    ignore: &[PathBuf],
     since: Instant,
     limit: Duration,
 ) -> Option<Duration> {
-    let reapers = reapers();
+    let mut reapers = reapers();
+    reapers.retain(|r| !ignore.contains(r));
     let count = |d: PathBuf| std::fs::read_dir(d).map_or(0, |e| e.count());
     let socket = state.join("parked/keeper-0.sock");
     loop {

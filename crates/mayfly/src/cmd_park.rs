@@ -58,7 +58,7 @@ async fn keep(
     };
     // The reaper that will finish its destroy is forked now, off the
     // claiming run's path (a retiring keeper dismisses it).
-    if let Err(e) = engine.prepare_reaper(&sb.id) {
+    if let Err(e) = engine.prepare_reaper_now(&sb.id).await {
         tracing::warn!(error = %e, "preparing a reaper failed");
     }
     let keeper = match Keeper::bind(&dir, slot, sb.id.clone(), &spec) {

@@ -54,6 +54,18 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Engine::prepare_reaper`], returning once the reaper is forked (a
+    /// keeper has its sandbox's reaper ready before it offers the sandbox).
+    pub async fn prepare_reaper_now(&self, id: &SandboxId) -> Result<(), EngineError> {
+        let reaper = self
+            .spawn_reaper(self.lookup(id)?)
+            .await
+            .map_err(|e| EngineError::Internal(format!("forking the reaper of {id}: {e}")))??;
+        let ready = tokio::spawn(async move { Ok(reaper) });
+        self.reapers().insert(id.clone(), ready);
+        Ok(())
+    }
+
     /// Has the zygote fork `sb`'s reaper, on a task.
     fn spawn_reaper(&self, sb: std::sync::Arc<super::sandbox::Sandbox>) -> PendingReaper {
         let plan = ReapPlan {
