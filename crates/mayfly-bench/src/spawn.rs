@@ -193,8 +193,10 @@ pub fn measure(
                 .map(|a| if a == ID { id.as_str() } else { a })
                 .collect();
             // A parked sandbox's reaper waits, forked ahead, until that
-            // sandbox has served; a cold run's cleanup is its own reaper's.
-            let earlier_reapers = reapers();
+            // sandbox has served; a cold run's cleanup is its own reaper's,
+            // a process that did not exist before the run (a reaper just
+            // forked may not show its name yet).
+            let earlier = processes();
             let start = Instant::now();
             let out = Command::new(&t.argv[0])
                 .args(&args)
@@ -229,9 +231,9 @@ pub fn measure(
                 parked = 1;
             }
             let live = if *parks { 1 } else { 0 };
-            let ignore = if *parks { Vec::new() } else { earlier_reapers };
+            let ignore = if *parks { Vec::new() } else { earlier };
             match wait_settled(state, live, parked, &ignore, start, Duration::from_secs(10)) {
-                Some(all) if i >= warmup => {
+                Ok(all) if i >= warmup => {
                     let series = if *parks {
                         &mut parked_again
                     } else {
@@ -239,9 +241,10 @@ pub fn measure(
                     };
                     series.push_at(i - warmup, all.as_secs_f64() * 1e3)
                 }
-                Some(_) => {}
-                None => report.note(format!(
-                    "A daemonless run's cleanup{} did not finish within 10 s (iteration {i}).",
+                Ok(_) => {}
+                Err(why) => report.note(format!(
+                    "`{}`: its cleanup{} did not finish within 10 s (iteration {i}): {why}.",
+                    t.key,
                     if *parks { " and parking" } else { "" }
                 )),
             }
@@ -287,6 +290,20 @@ fn running(proc_dir: &Path) -> bool {
     })
 }
 
+/// The `/proc` directories of every process alive now.
+fn processes() -> Vec<PathBuf> {
+    std::fs::read_dir("/proc").map_or(Vec::new(), |d| {
+        d.flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .collect()
+    })
+}
+
 /// The pids of the reapers alive now (their command line is
 /// `mayfly-reaper`).
 fn reapers() -> Vec<PathBuf> {
@@ -322,8 +339,8 @@ fn sandbox_cgroups() -> usize {
 /// but those in `ignore`) has exited (a
 /// zombie counts as exited; after its record, a reaper makes the next
 /// run's spare namespaces and may start a keeper), and, with `live` 1, a
-/// keeper has parked the next sandbox. The time since `since`, or `None`
-/// after `limit`.
+/// keeper has parked the next sandbox. The time since `since`, or what
+/// was still unmet after `limit`.
 fn wait_settled(
     state: &Path,
     live: usize,
@@ -331,22 +348,33 @@ fn wait_settled(
     ignore: &[PathBuf],
     since: Instant,
     limit: Duration,
-) -> Option<Duration> {
+) -> Result<Duration, String> {
     let mut reapers = reapers();
     reapers.retain(|r| !ignore.contains(r));
     let count = |d: PathBuf| std::fs::read_dir(d).map_or(0, |e| e.count());
     let socket = state.join("parked/keeper-0.sock");
     loop {
-        if count(state.join("sandboxes")) == live
-            && count(state.join("trash")) == 0
-            && sandbox_cgroups() == parked
-            && reapers.iter().all(|p| !running(p))
-            && (live == 0 || socket.exists())
-        {
-            return Some(since.elapsed());
+        let unmet = [
+            (
+                count(state.join("sandboxes")) != live,
+                "sandbox directories",
+            ),
+            (count(state.join("trash")) != 0, "trash"),
+            (sandbox_cgroups() != parked, "sandbox cgroups"),
+            (reapers.iter().any(|p| running(p)), "a reaper running"),
+            (live == 1 && !socket.exists(), "no parked sandbox"),
+        ];
+        if unmet.iter().all(|(u, _)| !u) {
+            return Ok(since.elapsed());
         }
         if since.elapsed() > limit {
-            return None;
+            let what: Vec<&str> = unmet.iter().filter(|(u, _)| *u).map(|(_, w)| *w).collect();
+            return Err(format!(
+                "{} ({} sandbox directories, {} cgroups)",
+                what.join(", "),
+                count(state.join("sandboxes")),
+                sandbox_cgroups()
+            ));
         }
         std::thread::sleep(Duration::from_micros(100));
     }
