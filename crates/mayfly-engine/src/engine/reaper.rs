@@ -9,8 +9,8 @@
 //! in a session of its own, with its standard streams on `/dev/null`, that
 //! outlives `mayfly run`.
 //!
-//! The reaper first waits on a pipe from the engine. One byte, `g`, means
-//! the sandbox was handed over (`x` means it was not needed after all: the
+//! The reaper first waits on a pipe from the engine. `g` (followed by when
+//! the sandbox was stopped) means the sandbox was handed over (`x` means it was not needed after all: the
 //! engine destroyed the sandbox itself, and the reaper just exits): the record already names the reaper as owner
 //! and says `stopping` (one transaction), and init has been killed. End of
 //! file without it means the engine died first (its zygote, the stub and
@@ -143,8 +143,10 @@ impl Engine {
         let pending = self.reapers().remove(id);
         let pending = pending.unwrap_or_else(|| self.spawn_reaper(sb.clone()));
         let reaper = pending.await.ok().and_then(Result::ok);
+        let stopped_at = super::now_ms();
         let done = |reaper| Detached {
             engine: self.clone(),
+            stopped_at,
             sb: sb.clone(),
             reason: reason.to_owned(),
             reaper,
@@ -170,6 +172,8 @@ impl Engine {
 /// reaper.
 pub struct Detached {
     engine: Engine,
+    /// When the sandbox was stopped (unix ms).
+    stopped_at: u64,
     sb: std::sync::Arc<super::sandbox::Sandbox>,
     reason: String,
     /// None when nothing is left to hand over.
@@ -189,7 +193,12 @@ impl Detached {
                 .store
                 .stop_and_hand_over(id, &self.reason, reaper.owner.pid, reaper.owner.start);
         if handed.is_ok() {
-            let _ = std::io::Write::write_all(&mut &reaper.go, b"g");
+            // One write (atomic on a pipe): `g` and when the sandbox was
+            // stopped, which is before its run returned.
+            let mut msg = [0u8; 9];
+            msg[0] = b'g';
+            msg[1..].copy_from_slice(&self.stopped_at.to_le_bytes());
+            let _ = std::io::Write::write_all(&mut &reaper.go, &msg);
         }
         inner
             .sandboxes
@@ -221,17 +230,21 @@ pub(crate) fn reaper_main(
 ) -> ! {
     process::wipe_cmdline_and_environ("mayfly-reaper");
     let mut go = std::fs::File::from(go);
-    let mut byte = [0u8; 1];
+    let mut msg = [0u8; 9];
     let handed = loop {
-        match std::io::Read::read(&mut go, &mut byte) {
-            Ok(1) if byte[0] == DISMISSED => process::exit_now(0),
-            Ok(n) => break n == 1,
+        match std::io::Read::read(&mut go, &mut msg) {
+            Ok(n) if n >= 1 && msg[0] == DISMISSED => process::exit_now(0),
+            Ok(n) => break n >= 1,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break false,
         }
     };
     drop(go);
-    let handed_at = super::now_ms();
+    // When the engine stopped the sandbox (before its run returned); a
+    // `mayfly prune` since then means no keeper (see `park::pruned_since`).
+    let mut stopped = [0u8; 8];
+    stopped.copy_from_slice(&msg[1..]);
+    let stopped_at = u64::from_le_bytes(stopped);
     // Past the deadline the cgroup removal below kills whatever is left.
     let _ = process::wait_pidfd(init.as_fd(), Duration::from_secs(10));
     let _ = process::pidfd_send_signal(stub.as_fd(), libc::SIGKILL);
@@ -258,7 +271,7 @@ pub(crate) fn reaper_main(
     // Then the next run's sandbox, parked by a keeper of its own (which
     // claims one of those sets).
     if let Some(park) = plan.park.as_ref().filter(|_| handed) {
-        let _ = crate::park::spawn_keeper(park, handed_at);
+        let _ = crate::park::spawn_keeper(park, stopped_at);
     }
     process::exit_now(0)
 }
