@@ -200,6 +200,16 @@ pub fn claim(dir: &Path) -> Result<libc::c_int, SpareNsError> {
     Ok(0)
 }
 
+/// Unmounts and removes the set `name` in `dir` (a reaper whose run ended
+/// before a `mayfly prune` takes back the set it has just made).
+pub fn remove(dir: &Path, name: &str) {
+    for (kind, _) in KINDS {
+        let file = dir.join(format!("{name}.{kind}"));
+        drop(take(&file));
+        let _ = std::fs::remove_file(&file);
+    }
+}
+
 /// Unmounts and removes everything in `dir`, complete spares and parts of
 /// ones whose maker died; for tests and for tearing a host's spares down.
 pub fn drain(dir: &Path) {

@@ -330,7 +330,8 @@ fn a_killed_keeper_leaves_nothing_after_the_next_run() {
 }
 
 /// `mayfly prune` right after a run (a CI job's last step): the run's
-/// reaper may not have started its keeper yet; that keeper must not park.
+/// reaper may not have started its keeper yet; that keeper must not park,
+/// and the reaper must not leave spare namespaces either.
 #[test]
 fn prune_right_after_a_run_leaves_nothing_parked() {
     common::require_root();
@@ -340,6 +341,13 @@ fn prune_right_after_a_run_leaves_nothing_parked() {
         prune(&dir);
         // Longer than a keeper takes to boot here.
         std::thread::sleep(Duration::from_millis(500));
+        // Nor does the run's reaper leave spare namespaces after the prune.
+        let spares = common::daemonless::spare_ns_dir(&dir);
+        let left = common::host::mounts_mentioning(&[&spares.to_string_lossy()]);
+        assert!(
+            left.is_empty(),
+            "spare namespaces made after prune: {left:?}"
+        );
         assert_all_gone(&dir);
     }
 }

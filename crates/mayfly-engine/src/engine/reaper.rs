@@ -265,6 +265,13 @@ pub(crate) fn reaper_main(
             if let Ok(name) = super::create::random_id() {
                 let name = name.as_str().replacen("mf-", "spare-", 1);
                 let _ = mayfly_sys::spare_ns::make(dir, &name);
+                // Made, then checked: a `mayfly prune` that marked before
+                // this check has the set taken back here; one that marks
+                // after it drains the set itself (it marks first).
+                let pruned = crate::park::park_dir(&plan.state_dir);
+                if crate::park::pruned_since(&pruned, stopped_at) {
+                    mayfly_sys::spare_ns::remove(dir, &name);
+                }
             }
         }
     }
