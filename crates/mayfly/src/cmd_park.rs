@@ -143,10 +143,7 @@ async fn serve(engine: &Engine, id: &SandboxId, claim: Claim) {
 /// `mayfly prune`: retires this state directory's keepers (each destroys
 /// its parked sandbox) and removes the spare namespaces.
 pub fn prune(cli: &Cli) -> anyhow::Result<i32> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let retired = park::retire_all(&park::park_dir(&cli.state_dir), now, PRUNE_TIMEOUT)?;
+    let retired = park::retire_all(&park::park_dir(&cli.state_dir), PRUNE_TIMEOUT)?;
     let spares = mayfly_sys::spare_ns::count(&cli.spare_ns_dir);
     mayfly_sys::spare_ns::drain(&cli.spare_ns_dir);
     if cli.json {

@@ -219,10 +219,7 @@ pub async fn exec_to(
     out: &mut dyn std::io::Write,
     err: &mut dyn std::io::Write,
 ) -> anyhow::Result<i32> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let left = engine.expires_at(id)?.saturating_sub(now);
+    let left = engine.ttl_left(id)?;
     let run = async {
         if json {
             let r = engine.exec(id, exec, caller).await?;
@@ -237,7 +234,7 @@ pub async fn exec_to(
         }
         anyhow::bail!("the sandbox ended before the command reported an exit status")
     };
-    match tokio::time::timeout(std::time::Duration::from_millis(left), run).await {
+    match tokio::time::timeout(left, run).await {
         Ok(r) => r,
         Err(_) => {
             writeln!(

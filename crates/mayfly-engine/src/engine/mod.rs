@@ -221,9 +221,10 @@ impl Engine {
         }))
     }
 
-    /// A live sandbox's deadline (unix ms), as the engine holds it.
-    pub fn expires_at(&self, id: &SandboxId) -> Result<u64, EngineError> {
-        Ok(self.lookup(id)?.expires_at.load(Ordering::Relaxed))
+    /// How long a live sandbox has left before its deadline.
+    pub fn ttl_left(&self, id: &SandboxId) -> Result<Duration, EngineError> {
+        let at = self.lookup(id)?.expires_at.load(Ordering::Relaxed);
+        Ok(Duration::from_millis(at.saturating_sub(now_ms())))
     }
 
     fn reap_expired(&self) {

@@ -121,11 +121,11 @@ fn claim_one(path: &Path, msg: &[u8], req: &ClaimRequest<'_>) -> Option<Claimed>
 /// runs which ended before now are about to start will not park. Returns
 /// how many were retired; fails if some keeper is still there after
 /// `timeout`.
-pub fn retire_all(dir: &Path, now_ms: u64, timeout: Duration) -> Result<usize, ParkError> {
+pub fn retire_all(dir: &Path, timeout: Duration) -> Result<usize, ParkError> {
     // Made if missing: a run's reaper may be about to start the first
     // keeper, which must find the mark.
     super::prepare_dir(dir)?;
-    super::mark_pruned(dir, now_ms)?;
+    super::mark_pruned(dir, crate::engine::now_ms())?;
     let deadline = Instant::now() + timeout;
     let mut retired = 0;
     loop {
