@@ -12,13 +12,39 @@ use tokio::sync::mpsc;
 
 use crate::EngineError;
 
-/// Who is asking, recorded in the audit trail.
+/// The tenant of callers that present no API key: the host's operator (root
+/// on the unix socket, the daemonless CLI, the daemon's own token).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Who is asking: recorded in the audit trail, and what a request may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller(pub String);
+pub struct Caller {
+    /// How the caller reached us (`unix:uid=0`, `key:k-…`, `cli:pid=1`).
+    pub name: String,
+    /// The tenant whose sandboxes this caller sees and makes.
+    pub tenant: String,
+    /// Whether the caller may manage keys, tenants and pools, and sees every
+    /// tenant's sandboxes.
+    pub admin: bool,
+}
 
 impl Caller {
-    pub fn new(s: impl Into<String>) -> Self {
-        Caller(s.into())
+    /// The host's operator: admin, in the default tenant.
+    pub fn new(name: impl Into<String>) -> Self {
+        Caller {
+            name: name.into(),
+            tenant: DEFAULT_TENANT.to_owned(),
+            admin: true,
+        }
+    }
+
+    /// A tenant's caller, without admin rights.
+    pub fn tenant(name: impl Into<String>, tenant: impl Into<String>) -> Self {
+        Caller {
+            name: name.into(),
+            tenant: tenant.into(),
+            admin: false,
+        }
     }
 }
 

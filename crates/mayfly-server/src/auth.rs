@@ -159,8 +159,11 @@ mod tests {
 
     #[test]
     fn callers_name_their_transport() {
-        assert_eq!(Peer::Unix { uid: Some(1000) }.caller().0, "unix:uid=1000");
+        assert_eq!(
+            Peer::Unix { uid: Some(1000) }.caller().name,
+            "unix:uid=1000"
+        );
         let addr: SocketAddr = "127.0.0.1:4242".parse().expect("valid address");
-        assert_eq!(Peer::Tcp { addr }.caller().0, "tcp:127.0.0.1:4242");
+        assert_eq!(Peer::Tcp { addr }.caller().name, "tcp:127.0.0.1:4242");
     }
 }

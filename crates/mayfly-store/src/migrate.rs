@@ -105,6 +105,20 @@ CREATE INDEX events_sandbox ON events (sandbox_id) WHERE sandbox_id IS NOT NULL;
 CREATE INDEX events_at ON events (at);
 "
     ),
+    // 2: tenancy and warm pools. `tenant` is who owns a sandbox (NULL while it
+    // waits unclaimed in a pool); `pool` names the pool a sandbox was made
+    // for (kept after its claim: it says the sandbox came from a pool);
+    // `claimed_at` is when a tenant took it.
+    concat!(
+        "
+ALTER TABLE sandboxes ADD COLUMN tenant TEXT DEFAULT 'default';
+ALTER TABLE sandboxes ADD COLUMN pool TEXT;
+ALTER TABLE sandboxes ADD COLUMN claimed_at INTEGER;
+CREATE INDEX sandboxes_live_tenant ON sandboxes (tenant) WHERE ",
+        live!(),
+        ";
+"
+    ),
 ];
 
 /// Brings the database up to the last version in [`MIGRATIONS`], or refuses

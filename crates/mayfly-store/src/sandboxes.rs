@@ -31,6 +31,12 @@ pub struct SandboxRecord {
     pub init_pid: Option<u32>,
     pub reason: Option<String>,
     pub create_ms: Option<f64>,
+    /// The tenant that owns the sandbox; `None` while it waits in a pool.
+    pub tenant: Option<String>,
+    /// The pool the sandbox was made for, if it was made ahead for one.
+    pub pool: Option<String>,
+    /// When a tenant claimed it from its pool.
+    pub claimed_at: Option<UnixMillis>,
 }
 
 /// One edge taken in a sandbox's state machine.
@@ -44,7 +50,7 @@ pub struct Transition {
 }
 
 const SANDBOX_COLUMNS: &str = "id, state, template, created_at, expires_at, limits, labels, \
-     uid_slot, owner_pid, owner_start, init_pid, reason, create_ms";
+     uid_slot, owner_pid, owner_start, init_pid, reason, create_ms, tenant, pool, claimed_at";
 
 impl Store {
     /// Inserts a sandbox in state `Creating` and atomically allocates the
@@ -80,8 +86,9 @@ impl Store {
         let slot = lowest_free_slot(&tx, max_slots, lease)?;
         tx.prepare_cached(
             "INSERT INTO sandboxes (id, state, template, created_at, expires_at, limits, labels, \
-             uid_slot, owner_pid, owner_start, init_pid, reason, create_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+             uid_slot, owner_pid, owner_start, init_pid, reason, create_ms, tenant, pool, \
+             claimed_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         )?
         .execute(params![
             rec.id.as_str(),
@@ -97,6 +104,9 @@ impl Store {
             rec.init_pid,
             rec.reason,
             rec.create_ms,
+            rec.tenant,
+            rec.pool,
+            rec.claimed_at,
         ])?;
         insert_transition(&tx, &rec.id, None, SandboxState::Creating, now, None)?;
         tx.commit()?;
@@ -436,6 +446,9 @@ fn decode_sandbox(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> 
         init_pid: c.get(10, "init_pid")?,
         reason: c.get(11, "reason")?,
         create_ms: c.get(12, "create_ms")?,
+        tenant: c.get(13, "tenant")?,
+        pool: c.get(14, "pool")?,
+        claimed_at: c.get(15, "claimed_at")?,
     })
 }
 

@@ -23,7 +23,8 @@ pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, UploadSummary, 
 pub use id::{IdError, SandboxId};
 pub use limits::{LimitError, Limits, ResolvedLimits};
 pub use sandbox::{
-    CreateRequest, SandboxInfo, SandboxList, SandboxState, TemplateError, TemplateRef, TtlError,
+    CreateRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState, TemplateError,
+    TemplateRef, TtlError,
 };
 
 /// Milliseconds since the Unix epoch; the one time unit on the wire.

@@ -177,8 +177,35 @@ pub struct SandboxInfo {
     pub init_pid: Option<u32>,
     /// Why the sandbox ended, once it has (`user`, `ttl`, `daemon_crash`, …).
     pub reason: Option<String>,
-    /// Milliseconds from the create call to ready, once ready.
+    /// Milliseconds from the create call to ready, once ready. For a
+    /// sandbox taken from a pool: from the claim to the answer.
     pub create_ms: Option<f64>,
+    /// The tenant that owns the sandbox; absent while it waits in a pool.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Whether the create was served by a warm pool or made on request.
+    #[serde(default)]
+    pub source: SandboxSource,
+}
+
+/// Where a sandbox came from: made on request, or claimed from a warm pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxSource {
+    /// Booted for this request.
+    #[default]
+    Cold,
+    /// Booted ahead, and claimed by this request (never used before).
+    Pool,
+}
+
+impl SandboxSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxSource::Cold => "cold",
+            SandboxSource::Pool => "pool",
+        }
+    }
 }
 
 /// `GET /v1/sandboxes`.

@@ -196,7 +196,7 @@ async fn run_local(
     // Every process of the sandbox is sent SIGKILL before this returns; a
     // detached reaper removes its directories and cgroups and records it
     // destroyed (`mayfly ps` shows it `stopping` until then).
-    tracing::debug!(id = %sb.id, caller = %caller.0, "destroy");
+    tracing::debug!(id = %sb.id, caller = %caller.name, "destroy");
     engine.destroy_detached(&sb.id, "user").await?;
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "handed to a reaper");
     // The process exits next. Closing the store here would checkpoint its

@@ -92,6 +92,9 @@ fn a_run_whose_planned_slot_is_recorded_live_replans_and_succeeds() {
                     init_pid: None,
                     reason: None,
                     create_ms: None,
+                    tenant: Some("default".into()),
+                    pool: None,
+                    claimed_at: None,
                 };
                 let slot = store
                     .insert_sandbox(&rec, 64)

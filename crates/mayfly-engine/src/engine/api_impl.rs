@@ -113,7 +113,7 @@ impl SandboxApi for Engine {
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {
         match self.lookup(id) {
             Ok(sb) => {
-                tracing::debug!(%id, caller = %caller.0, "destroy");
+                tracing::debug!(%id, caller = %caller.name, "destroy");
                 // Answer once the sandbox is dead (its init and every process
                 // in it are SIGKILLed); cleanup finishes in the background.
                 if self.stop_sandbox(&sb, "user") {

@@ -201,6 +201,9 @@ impl Engine {
             init_pid: None,
             reason: None,
             create_ms: None,
+            tenant: Some(caller.tenant.clone()),
+            pool: None,
+            claimed_at: None,
         };
         let cgroup = plan::cgroup::plan(inner.layout(), &id, &limits)
             .map_err(|e| EngineError::Internal(e.to_string()));
@@ -321,7 +324,7 @@ impl Engine {
             &id,
             pid as u32,
             create_ms,
-            &serde_json::json!({"create_ms": create_ms, "caller": caller.0, "template": template.to_string()}),
+            &serde_json::json!({"create_ms": create_ms, "caller": caller.name, "template": template.to_string()}),
         )?;
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
         self.refill_stubs();
@@ -367,7 +370,7 @@ impl Engine {
             Some(&e.to_string()),
             (
                 "failed",
-                &serde_json::json!({"error": e.to_string(), "caller": caller.0}),
+                &serde_json::json!({"error": e.to_string(), "caller": caller.name}),
             ),
         );
         e

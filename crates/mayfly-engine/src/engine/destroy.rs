@@ -161,6 +161,12 @@ pub(crate) fn record_to_info(rec: mayfly_store::SandboxRecord) -> SandboxInfo {
         labels: rec.labels,
         reason: rec.reason,
         create_ms: rec.create_ms,
+        source: if rec.pool.is_some() {
+            mayfly_types::SandboxSource::Pool
+        } else {
+            mayfly_types::SandboxSource::Cold
+        },
+        tenant: rec.tenant,
     }
 }
 

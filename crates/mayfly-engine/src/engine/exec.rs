@@ -333,7 +333,7 @@ impl Engine {
             duration_us: 0,
             stdout_bytes: 0,
             stderr_bytes: 0,
-            caller: caller.0.clone(),
+            caller: caller.name.clone(),
         };
         match r {
             Ok(r) => {

@@ -154,7 +154,7 @@ impl FakeEngine {
 
     fn record(&self, id: &SandboxId, req: &ExecRequest, r: &ExecResult, caller: &Caller) {
         let mut st = self.lock();
-        st.callers.push(caller.0.clone());
+        st.callers.push(caller.name.clone());
         st.audit.push(ExecAudit {
             sandbox_id: id.to_string(),
             at: 1_700_000_000_000,
@@ -166,7 +166,7 @@ impl FakeEngine {
             duration_us: r.duration_us,
             stdout_bytes: r.stdout_bytes,
             stderr_bytes: r.stderr_bytes,
-            caller: caller.0.clone(),
+            caller: caller.name.clone(),
         });
     }
 
@@ -233,9 +233,11 @@ impl SandboxApi for FakeEngine {
             init_pid: Some(4242),
             reason: None,
             create_ms: Some(1.5),
+            tenant: Some(caller.tenant.clone()),
+            source: mayfly_types::SandboxSource::Cold,
         };
         let mut st = self.lock();
-        st.callers.push(caller.0.clone());
+        st.callers.push(caller.name.clone());
         st.sandboxes.insert(id.clone(), info.clone());
         Self::event(&mut st, &id, "created");
         Ok(info)
@@ -261,7 +263,7 @@ impl SandboxApi for FakeEngine {
 
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {
         let mut st = self.lock();
-        st.callers.push(caller.0.clone());
+        st.callers.push(caller.name.clone());
         let sb = st
             .sandboxes
             .get_mut(id)
@@ -327,7 +329,7 @@ impl SandboxApi for FakeEngine {
     ) -> Result<ProcessInfo, EngineError> {
         self.ready(id)?;
         let mut st = self.lock();
-        st.callers.push(caller.0.clone());
+        st.callers.push(caller.name.clone());
         let ps = st.processes.entry(id.clone()).or_default();
         let info = ProcessInfo {
             handle: ps.len() as u64 + 1,

@@ -38,6 +38,9 @@ pub(crate) fn record(id: SandboxId, created_at: UnixMillis) -> SandboxRecord {
         init_pid: None,
         reason: None,
         create_ms: None,
+        tenant: Some("default".into()),
+        pool: None,
+        claimed_at: None,
     }
 }
 
