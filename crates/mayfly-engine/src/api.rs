@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
-    ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo, StartProcessRequest,
-    UploadSummary,
+    PoolInfo, ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo,
+    StartProcessRequest, UploadSummary,
 };
 use tokio::sync::mpsc;
 
@@ -128,4 +128,7 @@ pub trait SandboxApi: Send + Sync + 'static {
     async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, EngineError>;
     /// The exec audit trail of one sandbox.
     async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, EngineError>;
+
+    /// The warm pools and how full they are.
+    async fn pools(&self) -> Result<Vec<PoolInfo>, EngineError>;
 }

@@ -10,6 +10,7 @@ mod exec;
 mod files;
 mod id;
 mod limits;
+mod pool;
 mod sandbox;
 
 pub use bytes::Bytes64;
@@ -22,6 +23,7 @@ pub use exec::{
 pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, UploadSummary, MAX_FILE_BYTES};
 pub use id::{IdError, SandboxId};
 pub use limits::{LimitError, Limits, ResolvedLimits};
+pub use pool::{PoolInfo, PoolList, PoolSpec};
 pub use sandbox::{
     CreateRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState, TemplateError,
     TemplateRef, TtlError,

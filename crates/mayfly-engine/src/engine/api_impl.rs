@@ -282,6 +282,10 @@ impl SandboxApi for Engine {
         self.info(id)?;
         Ok(self.inner.store.execs(id)?)
     }
+
+    async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
+        Ok(self.pool_infos())
+    }
 }
 
 impl Engine {

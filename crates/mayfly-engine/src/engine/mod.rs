@@ -9,6 +9,7 @@ mod early;
 mod exec;
 mod leases;
 mod owner;
+mod pool;
 mod processes;
 pub(crate) mod reaper;
 mod recovery;
@@ -59,6 +60,8 @@ struct Inner {
     stubs: stubs::StubPool,
     /// Reapers being forked for a one-shot engine's sandboxes.
     reapers: std::sync::Mutex<HashMap<SandboxId, reaper::PendingReaper>>,
+    /// Warm pools of booted, unclaimed sandboxes.
+    pools: pool::Pools,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
 }
@@ -167,6 +170,7 @@ impl Engine {
             cleanups: std::sync::Mutex::new(Vec::new()),
             stubs: stubs::StubPool::default(),
             reapers: std::sync::Mutex::new(HashMap::new()),
+            pools: pool::Pools::default(),
             _lock: lock,
         };
         inner.recovery = recovery::reconcile(&inner);

@@ -564,4 +564,8 @@ impl SandboxApi for FakeEngine {
             .cloned()
             .collect())
     }
+
+    async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
+        Ok(Vec::new())
+    }
 }
