@@ -11,11 +11,36 @@ use mayfly_types::{
 
 use crate::{encode, json_body, Body, Client, ClientError, ExecStream};
 
+fn pool(name: &str) -> String {
+    format!("/v1/pools/{}", encode(name))
+}
+
 fn sandbox(id: &SandboxId) -> String {
     format!("/v1/sandboxes/{id}")
 }
 
 impl Client {
+    /// `GET /v1/pools`.
+    pub async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, ClientError> {
+        let list: mayfly_types::PoolList = self.json(Method::GET, "/v1/pools", Body::Empty).await?;
+        Ok(list.pools)
+    }
+
+    /// `PUT /v1/pools/{name}`: creates or changes a pool.
+    pub async fn set_pool(
+        &self,
+        name: &str,
+        spec: &mayfly_types::PoolSpec,
+    ) -> Result<mayfly_types::PoolInfo, ClientError> {
+        self.json(Method::PUT, &pool(name), json_body(spec)?).await
+    }
+
+    /// `POST /v1/pools/{name}/drain`: empties a pool and stops its refill.
+    pub async fn drain_pool(&self, name: &str) -> Result<mayfly_types::PoolInfo, ClientError> {
+        self.json(Method::POST, &format!("{}/drain", pool(name)), Body::Empty)
+            .await
+    }
+
     /// `POST /v1/sandboxes`: creates a sandbox and returns it once ready.
     pub async fn create(&self, req: &CreateRequest) -> Result<SandboxInfo, ClientError> {
         self.json(Method::POST, "/v1/sandboxes", json_body(req)?)

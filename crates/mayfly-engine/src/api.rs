@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
-    PoolInfo, ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo,
+    PoolInfo, PoolSpec, ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo,
     StartProcessRequest, UploadSummary,
 };
 use tokio::sync::mpsc;
@@ -131,4 +131,13 @@ pub trait SandboxApi: Send + Sync + 'static {
 
     /// The warm pools and how full they are.
     async fn pools(&self) -> Result<Vec<PoolInfo>, EngineError>;
+    /// Creates or changes a pool (admin only).
+    async fn set_pool(
+        &self,
+        name: &str,
+        spec: PoolSpec,
+        caller: &Caller,
+    ) -> Result<PoolInfo, EngineError>;
+    /// Empties a pool and stops its refill (admin only).
+    async fn drain_pool(&self, name: &str, caller: &Caller) -> Result<PoolInfo, EngineError>;
 }

@@ -14,6 +14,11 @@ pub enum EngineError {
     Invalid(String),
     #[error("sandbox {0} does not exist")]
     NoSuchSandbox(SandboxId),
+    #[error("there is no pool `{0}`")]
+    NoSuchPool(String),
+    /// The caller may not do this (an admin's operation).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("sandbox {id} has no process {handle}")]
     NoSuchProcess { id: SandboxId, handle: u64 },
     #[error("sandbox {id} is {state:?}, not ready")]
@@ -40,9 +45,10 @@ impl EngineError {
     pub fn code(&self) -> ErrorCode {
         match self {
             EngineError::Invalid(_) => ErrorCode::InvalidArgument,
-            EngineError::NoSuchSandbox(_) | EngineError::NoSuchProcess { .. } => {
-                ErrorCode::NotFound
-            }
+            EngineError::Forbidden(_) => ErrorCode::PermissionDenied,
+            EngineError::NoSuchSandbox(_)
+            | EngineError::NoSuchPool(_)
+            | EngineError::NoSuchProcess { .. } => ErrorCode::NotFound,
             EngineError::NotReady { .. } => ErrorCode::Conflict,
             EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,
             EngineError::Files(e) => e.code(),

@@ -16,7 +16,8 @@ pub mod template;
 
 pub use api::{Caller, ExecStream, SandboxApi};
 pub use engine::{
-    start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport, DEFAULT_SPARE_NS_DIR,
+    check_pool_name, start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport,
+    DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
 };
 pub use error::EngineError;
 pub use mayfly_types::UploadSummary;

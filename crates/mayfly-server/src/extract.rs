@@ -134,6 +134,23 @@ impl<S: Send + Sync> FromRequestParts<S> for SandboxPath {
     }
 }
 
+/// The `{name}` of a pool route, checked.
+#[derive(Debug)]
+pub(crate) struct PoolPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PoolPath {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let params = path_params(parts, state).await?;
+        let name = params
+            .get("name")
+            .ok_or_else(|| AppError::internal("route has no {name} parameter"))?;
+        mayfly_engine::check_pool_name(name)?;
+        Ok(PoolPath(name.clone()))
+    }
+}
+
 /// The `{id}` and `{handle}` of a background-process route.
 #[derive(Debug)]
 pub(crate) struct ProcessPath(pub SandboxId, pub u64);

@@ -19,6 +19,7 @@ mod extract;
 mod files;
 mod listen;
 mod openapi;
+mod pools;
 mod processes;
 mod routes;
 mod sandboxes;

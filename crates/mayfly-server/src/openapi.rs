@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
-use crate::{events, exec, files, processes, routes, sandboxes};
+use crate::{events, exec, files, pools, processes, routes, sandboxes};
 
 /// Mayfly's API description. Every handler is listed; a test checks the
 /// document against the route table.
@@ -42,6 +42,9 @@ use crate::{events, exec, files, processes, routes, sandboxes};
         files::download_archive,
         events::list_events,
         events::list_audit,
+        pools::list_pools,
+        pools::set_pool,
+        pools::drain_pool,
     ),
     components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
     modifiers(&BearerOnTcp),
@@ -52,6 +55,7 @@ use crate::{events, exec, files, processes, routes, sandboxes};
         (name = "processes", description = "Background commands."),
         (name = "files", description = "Files and tar archives inside a sandbox."),
         (name = "events", description = "Lifecycle events and the exec audit trail."),
+        (name = "pools", description = "Warm pools of booted, never-used sandboxes."),
     ),
 )]
 pub struct ApiDoc;

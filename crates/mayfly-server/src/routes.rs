@@ -13,7 +13,9 @@ use http::Method;
 use mayfly_engine::SandboxApi;
 
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
-use crate::{auth, events, exec, files, openapi, processes, sandboxes, AppState, ServerOptions};
+use crate::{
+    auth, events, exec, files, openapi, pools, processes, sandboxes, AppState, ServerOptions,
+};
 
 /// Builds the API router over `api`.
 ///
@@ -47,6 +49,7 @@ fn table() -> Routes {
     use events::*;
     use exec::*;
     use files::*;
+    use pools::*;
     use processes::*;
     use sandboxes::*;
     const SANDBOX: &str = "/v1/sandboxes/{id}";
@@ -93,6 +96,9 @@ fn table() -> Routes {
         .add(Method::GET, ARCHIVE, get(download_archive))
         .add(Method::GET, "/v1/events", get(list_events))
         .add(Method::GET, "/v1/sandboxes/{id}/audit", get(list_audit))
+        .add(Method::GET, "/v1/pools", get(list_pools))
+        .add(Method::PUT, "/v1/pools/{name}", put(set_pool))
+        .add(Method::POST, "/v1/pools/{name}/drain", post(drain_pool))
 }
 
 /// A router under construction plus the list of what it serves.

@@ -231,6 +231,47 @@ impl Store {
         })
     }
 
+    /// Gives a ready, unclaimed pool sandbox to `tenant`: its labels, its
+    /// deadline, when it was claimed and how long the claim took (kept as
+    /// its `create_ms`), with a `claimed` event, in one transaction. Fails
+    /// with `NotFound` unless the sandbox is ready and unclaimed, so a
+    /// sandbox is claimed at most once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn claim_pooled(
+        &self,
+        id: &SandboxId,
+        tenant: &str,
+        labels: &BTreeMap<String, String>,
+        expires_at: UnixMillis,
+        claim_ms: f64,
+        detail: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let labels = serde_json::to_string(labels).map_err(json_bug)?;
+        let now = self.now();
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let changed = tx
+            .prepare_cached(
+                "UPDATE sandboxes SET tenant = ?2, labels = ?3, expires_at = ?4, \
+                 claimed_at = ?5, create_ms = ?6 \
+                 WHERE id = ?1 AND tenant IS NULL AND state = 'ready'",
+            )?
+            .execute(params![
+                id.as_str(),
+                tenant,
+                labels,
+                expires_at,
+                now,
+                claim_ms
+            ])?;
+        if changed == 0 {
+            return Err(StoreError::NotFound { id: id.clone() });
+        }
+        crate::audit::insert_event(&tx, now, Some(id), "claimed", detail)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Moves a sandbox to `Stopping` and hands it to a new owner (the
     /// detached reaper that finishes destroying it), in one transaction: a
     /// recovery that runs meanwhile sees a live owner, or, once the reaper

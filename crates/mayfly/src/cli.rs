@@ -77,6 +77,9 @@ pub enum Command {
     Audit(IdArgs),
     /// Copy files between the host and a sandbox (`ID:PATH` names the sandbox side).
     Cp(CpArgs),
+    /// Manage warm pools of booted sandboxes.
+    #[command(subcommand)]
+    Pool(crate::cmd_pool::PoolCommand),
     /// Remove what daemonless runs keep ready: parked sandboxes and spare
     /// namespaces.
     Prune,
@@ -111,6 +114,11 @@ pub struct ServeArgs {
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: u32,
+    /// A warm pool, `NAME=TARGET[,max=N][,concurrency=N][,template=T]`;
+    /// repeat for more. `host=0` turns the default pool off.
+    #[arg(long = "pool", value_parser = crate::cmd_pool::parse_pool_flag,
+          default_value = "host=4")]
+    pub pools: Vec<(String, mayfly_types::PoolSpec)>,
 }
 
 #[derive(Debug, Args, Clone)]

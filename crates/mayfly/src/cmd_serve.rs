@@ -14,6 +14,7 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         default_ttl: a.default_ttl,
         max_ttl: a.max_ttl,
         max_sandboxes: a.max_sandboxes,
+        pools: a.pools.clone(),
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;

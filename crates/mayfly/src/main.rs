@@ -6,6 +6,7 @@
 mod cli;
 mod cmd_cp;
 mod cmd_park;
+mod cmd_pool;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_serve;
@@ -87,6 +88,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
+            Command::Pool(ref c) => cmd_pool::pool(&cli, c).await,
             Command::Park(_) | Command::Prune => unreachable!("handled before the runtime"),
         }
     });

@@ -86,6 +86,11 @@ impl Engine {
     }
 }
 
+/// A live sandbox waiting unclaimed in a pool: invisible to requests.
+fn unclaimed(info: &SandboxInfo) -> bool {
+    info.tenant.is_none() && !info.state.is_terminal()
+}
+
 #[async_trait]
 impl SandboxApi for Engine {
     async fn create(
@@ -97,7 +102,11 @@ impl SandboxApi for Engine {
     }
 
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError> {
-        self.info(id)
+        let info = self.info(id)?;
+        if unclaimed(&info) {
+            return Err(EngineError::NoSuchSandbox(id.clone()));
+        }
+        Ok(info)
     }
 
     async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError> {
@@ -107,10 +116,14 @@ impl SandboxApi for Engine {
             .list_sandboxes(all)?
             .into_iter()
             .map(record_to_info)
+            .filter(|i| !unclaimed(i))
             .collect())
     }
 
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {
+        if self.lookup_any(id).is_some_and(|sb| sb.is_pooled()) {
+            return Err(EngineError::NoSuchSandbox(id.clone()));
+        }
         match self.lookup(id) {
             Ok(sb) => {
                 tracing::debug!(%id, caller = %caller.name, "destroy");
@@ -285,6 +298,23 @@ impl SandboxApi for Engine {
 
     async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
         Ok(self.pool_infos())
+    }
+
+    async fn set_pool(
+        &self,
+        name: &str,
+        spec: mayfly_types::PoolSpec,
+        caller: &Caller,
+    ) -> Result<mayfly_types::PoolInfo, EngineError> {
+        Engine::set_pool(self, name, spec, caller)
+    }
+
+    async fn drain_pool(
+        &self,
+        name: &str,
+        caller: &Caller,
+    ) -> Result<mayfly_types::PoolInfo, EngineError> {
+        Engine::drain_pool(self, name, caller)
     }
 }
 

@@ -42,6 +42,8 @@ pub struct EngineConfig {
     /// Whether a one-shot engine's reaper starts a keeper that parks a
     /// sandbox for the next run, and how (see `crate::park`). None: never.
     pub park: Option<crate::park::ParkPlan>,
+    /// Warm pools set up at start, by name (changeable through the API).
+    pub pools: Vec<(String, mayfly_types::PoolSpec)>,
 }
 
 /// The host-wide directory of spare namespaces for daemonless runs.
@@ -65,6 +67,7 @@ impl Default for EngineConfig {
             slot_lease_dir: PathBuf::from(super::leases::DEFAULT_LEASE_DIR),
             spare_ns_dir: None,
             park: None,
+            pools: Vec::new(),
         }
     }
 }

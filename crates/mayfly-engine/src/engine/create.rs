@@ -23,6 +23,36 @@ use crate::runtime::stub::StubHandle;
 use crate::template::plan_layers;
 use crate::EngineError;
 
+/// Where a pool's unclaimed sandbox's deadline sits: never reached.
+pub(crate) const POOLED_EXPIRY: u64 = i64::MAX as u64;
+
+/// What to boot, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct Boot {
+    pub template: TemplateRef,
+    pub limits: mayfly_types::ResolvedLimits,
+    pub ttl_secs: u64,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `None` for a pool's sandbox, until it is claimed.
+    pub tenant: Option<String>,
+    /// The pool this sandbox is booted for.
+    pub pool: Option<String>,
+}
+
+/// A `dir:` template must be a directory.
+pub(crate) fn check_template(template: &TemplateRef) -> Result<(), EngineError> {
+    if let TemplateRef::Dir(d) = template {
+        if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
+            return Err(EngineError::Invalid(format!(
+                "template directory `{}` does not exist or is not a directory",
+                d.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Environment keys must be non-empty, without `=` or NUL.
 pub(crate) fn check_env(
     env: &std::collections::BTreeMap<String, String>,
@@ -144,29 +174,37 @@ fn own_uppers(uppers: &[(PathBuf, PathBuf)], uid_base: u32) -> std::io::Result<(
 }
 
 impl Engine {
+    /// A create: served from a warm pool when one fits, else booted now.
     pub(crate) async fn create_sandbox(
         &self,
         req: CreateRequest,
         caller: &Caller,
     ) -> Result<SandboxInfo, EngineError> {
         let t0 = Instant::now();
-        let inner = &self.inner;
-        let cfg = &inner.cfg;
-        if inner
+        let boot = self.check_create(req, caller)?;
+        if let Some(info) = self.claim_from_pool(&boot, caller, t0)? {
+            return Ok(info);
+        }
+        let _fg = self.foreground();
+        self.boot(boot, caller, t0).await
+    }
+
+    /// Validates a create request into what to boot.
+    pub(crate) fn check_create(
+        &self,
+        req: CreateRequest,
+        caller: &Caller,
+    ) -> Result<Boot, EngineError> {
+        let cfg = &self.inner.cfg;
+        if self
+            .inner
             .shutting_down
             .load(std::sync::atomic::Ordering::SeqCst)
         {
             return Err(EngineError::ShuttingDown);
         }
         let template = req.template.clone().unwrap_or(TemplateRef::Host);
-        if let TemplateRef::Dir(d) = &template {
-            if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
-                return Err(EngineError::Invalid(format!(
-                    "template directory `{}` does not exist or is not a directory",
-                    d.display()
-                )));
-            }
-        }
+        check_template(&template)?;
         let ttl = ttl_secs(cfg, req.ttl_secs)?;
         let limits = cfg
             .default_limits
@@ -174,6 +212,36 @@ impl Engine {
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         check_env(&req.env)?;
         check_labels(&req.labels)?;
+        Ok(Boot {
+            template,
+            limits,
+            ttl_secs: ttl,
+            env: req.env,
+            labels: req.labels,
+            tenant: Some(caller.tenant.clone()),
+            pool: None,
+        })
+    }
+
+    /// Boots a sandbox: record, stub, plans, init, ready. `t0` is when the
+    /// request arrived.
+    pub(crate) async fn boot(
+        &self,
+        boot: Boot,
+        caller: &Caller,
+        t0: Instant,
+    ) -> Result<SandboxInfo, EngineError> {
+        let inner = &self.inner;
+        let cfg = &inner.cfg;
+        let Boot {
+            template,
+            limits,
+            ttl_secs: ttl,
+            env: req_env,
+            labels,
+            tenant,
+            pool,
+        } = boot;
         if self.live().len() as u32 >= cfg.slots() {
             return Err(EngineError::Exhausted(format!(
                 "{} sandboxes are alive, the most this daemon allows",
@@ -192,17 +260,22 @@ impl Engine {
             state: SandboxState::Creating,
             template: template.to_string(),
             created_at: now,
-            expires_at: now + ttl * 1000,
+            // A pool's sandbox gets its deadline when it is claimed.
+            expires_at: if pool.is_some() {
+                POOLED_EXPIRY
+            } else {
+                now + ttl * 1000
+            },
             limits,
-            labels: req.labels.clone(),
+            labels,
             uid_slot: 0,
             owner_pid: inner.owner.pid,
             owner_start: inner.owner.start,
             init_pid: None,
             reason: None,
             create_ms: None,
-            tenant: Some(caller.tenant.clone()),
-            pool: None,
+            tenant,
+            pool: pool.clone(),
             claimed_at: None,
         };
         let cgroup = plan::cgroup::plan(inner.layout(), &id, &limits)
@@ -250,7 +323,7 @@ impl Engine {
             slot,
             &template,
             &limits,
-            &req.env,
+            &req_env,
             (&inner.skeleton, &inner.host),
         );
         let (dir, env) = (spawn.workdir.clone(), spawn.env.clone());
@@ -303,6 +376,7 @@ impl Engine {
             cgroup,
             dir,
             env,
+            rec.tenant.clone(),
             lease,
         ));
         inner
@@ -324,7 +398,13 @@ impl Engine {
             &id,
             pid as u32,
             create_ms,
-            &serde_json::json!({"create_ms": create_ms, "caller": caller.name, "template": template.to_string()}),
+            &serde_json::json!({
+                "create_ms": create_ms,
+                "caller": caller.name,
+                "template": template.to_string(),
+                "source": "cold",
+                "pool": pool,
+            }),
         )?;
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
         self.refill_stubs();
@@ -426,7 +506,7 @@ impl Engine {
 }
 
 /// The environment every command of a sandbox starts from.
-fn base_env(
+pub(crate) fn base_env(
     id: &SandboxId,
     extra: &std::collections::BTreeMap<String, String>,
 ) -> Vec<(String, String)> {

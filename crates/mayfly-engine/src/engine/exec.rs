@@ -172,7 +172,8 @@ impl Engine {
         let (in_r, in_w) = mayfly_sys::ipc::pipe().map_err(fail)?;
         let (out_r, out_w) = mayfly_sys::ipc::pipe().map_err(fail)?;
         let (err_r, err_w) = mayfly_sys::ipc::pipe().map_err(fail)?;
-        let mut env: std::collections::BTreeMap<String, String> = sb.env.iter().cloned().collect();
+        let mut env: std::collections::BTreeMap<String, String> =
+            sb.env().iter().cloned().collect();
         env.extend(spec.env.clone());
         let uid = spec.uid.unwrap_or(0);
         let handle = sb.handle();

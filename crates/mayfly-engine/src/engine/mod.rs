@@ -13,6 +13,7 @@ mod pool;
 mod processes;
 pub(crate) mod reaper;
 mod recovery;
+mod refill;
 mod sandbox;
 mod stubs;
 
@@ -28,6 +29,7 @@ use mayfly_types::SandboxId;
 
 pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
+pub use pool::{check_pool_name, DEFAULT_REFILL_CONCURRENCY, MAX_REFILL_CONCURRENCY};
 pub use reaper::Detached;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
@@ -192,6 +194,12 @@ impl Engine {
     /// tokio runtime.
     pub fn start_background(&self) {
         self.refill_stubs();
+        for (name, spec) in self.inner.cfg.pools.clone() {
+            if let Err(e) = self.set_pool(&name, spec, &crate::api::Caller::new("config")) {
+                tracing::error!(pool = %name, error = %e, "the configured pool is invalid");
+            }
+        }
+        self.start_refill();
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -282,13 +290,40 @@ impl Engine {
             .collect()
     }
 
+    /// A live sandbox that requests may reach: never one that waits
+    /// unclaimed in a pool.
     fn lookup(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
+        self.lookup_any(id)
+            .filter(|sb| !sb.is_pooled())
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))
+    }
+
+    /// Any live sandbox, claimed or not (for the engine's own use).
+    fn lookup_any(&self, id: &SandboxId) -> Option<Arc<Sandbox>> {
         self.inner
             .sandboxes
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .cloned()
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))
+    }
+
+    fn live_count(&self) -> usize {
+        self.inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Destroys `sb` without waiting; shutdown waits for it.
+    fn destroy_in_background(&self, sb: Arc<Sandbox>, reason: &'static str) {
+        let engine = self.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = engine.destroy_sandbox(sb, reason).await {
+                tracing::warn!(error = %e, reason, "destroying a sandbox failed");
+            }
+        });
+        self.track_cleanup(task);
     }
 }

@@ -1,11 +1,37 @@
 //! Warm pools: sandboxes booted ahead for a template, each claimed once.
+//!
+//! A pool keeps `target` sandboxes fully booted (namespaces, root, cgroups,
+//! init running, ready) and unclaimed. A create whose template and resolved
+//! limits equal a pool's takes the oldest one in O(1) (`claim_from_pool`):
+//! the sandbox gets the caller's tenant, labels, environment and TTL, one
+//! store transaction records the claim, and it leaves the pool for good. It
+//! is destroyed like any other when its task ends; the pool never takes it
+//! back. Refill boots replacements in the background, at most
+//! `refill_concurrency` at a time and none while a cold create is in
+//! flight, so it cannot starve requests.
+//!
+//! An unclaimed sandbox is invisible to every request (`Engine::lookup`
+//! refuses it), so nothing can run in it before its claim: warm never
+//! means reused.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use mayfly_types::{PoolInfo, ResolvedLimits, SandboxId, TemplateRef};
+use mayfly_types::{PoolInfo, PoolSpec, ResolvedLimits, SandboxId, SandboxInfo, TemplateRef};
 
-use super::Engine;
+use super::create::{base_env, check_template, Boot};
+use super::{now_ms, Engine};
+use crate::api::Caller;
+use crate::EngineError;
+
+/// A pool's default refill concurrency.
+pub const DEFAULT_REFILL_CONCURRENCY: u32 = 1;
+/// The most boots one pool may run at once.
+pub const MAX_REFILL_CONCURRENCY: u32 = 16;
+/// How long a pool waits after a failed boot before it tries again.
+pub(crate) const FAILURE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// One pool: its settings and its unclaimed sandboxes.
 pub(crate) struct Pool {
@@ -20,23 +46,260 @@ pub(crate) struct Pool {
     pub filling: u32,
     pub claims: u64,
     pub misses: u64,
+    /// Bumped whenever the pool's sandboxes stop fitting it (new template or
+    /// limits, a drain): boots of an older generation are thrown away.
+    pub generation: u64,
+    /// No boot starts before this (after a failure).
+    pub backoff_until: Option<Instant>,
 }
 
-/// Every pool of an engine, by name.
+/// Every pool of an engine, by name, and what wakes their refill.
 #[derive(Default)]
 pub(crate) struct Pools {
     pub by_name: Mutex<HashMap<String, Pool>>,
+    pub wake: Arc<tokio::sync::Notify>,
+    /// Cold creates in flight; refill waits while there are any.
+    pub foreground: std::sync::atomic::AtomicUsize,
+}
+
+/// Held while a cold create runs: refill starts no boot meanwhile.
+pub(crate) struct Foreground<'a>(&'a Pools);
+
+impl Drop for Foreground<'_> {
+    fn drop(&mut self) {
+        if self.0.foreground.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+/// A pool name: 1–63 of `[a-z0-9_.-]`, starting with a letter or digit.
+pub fn check_pool_name(name: &str) -> Result<(), EngineError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid(format!(
+            "pool name `{}` is invalid: use 1-63 of a-z, 0-9, `_`, `.`, `-`, starting with a letter or digit",
+            name.chars().take(64).collect::<String>().escape_debug()
+        )))
+    }
 }
 
 impl Engine {
+    /// Marks a cold create in flight until the guard drops.
+    pub(crate) fn foreground(&self) -> Foreground<'_> {
+        let pools = &self.inner.pools;
+        pools.foreground.fetch_add(1, Ordering::SeqCst);
+        Foreground(pools)
+    }
+
+    /// Serves `boot` from a pool whose template and limits it matches:
+    /// `None` when no pool fits or the fitting one is empty.
+    pub(crate) fn claim_from_pool(
+        &self,
+        boot: &Boot,
+        caller: &Caller,
+        t0: Instant,
+    ) -> Result<Option<SandboxInfo>, EngineError> {
+        loop {
+            let taken = {
+                let mut pools = self.lock_pools();
+                let mut fits = pools
+                    .iter_mut()
+                    .filter(|(_, p)| p.template == boot.template && p.limits == boot.limits)
+                    .peekable();
+                if fits.peek().is_none() {
+                    return Ok(None);
+                }
+                let mut first = None;
+                let mut got = None;
+                for (name, p) in fits {
+                    if let Some(id) = p.ready.pop_front() {
+                        p.claims += 1;
+                        got = Some((id, name.clone()));
+                        break;
+                    }
+                    first.get_or_insert(p);
+                }
+                if got.is_none() {
+                    if let Some(p) = first {
+                        p.misses += 1;
+                    }
+                }
+                got
+            };
+            self.inner.pools.wake.notify_one();
+            let Some((id, pool)) = taken else {
+                return Ok(None);
+            };
+            // A sandbox that died while it waited is gone from the map or
+            // stopping; its destroy is under way, and the next one is tried.
+            let Some(sb) = self.lookup_any(&id).filter(|sb| !sb.is_stopping()) else {
+                continue;
+            };
+            let tenant = boot.tenant.clone().unwrap_or_default();
+            *sb.env.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(base_env(&id, &boot.env));
+            *sb.tenant.write().unwrap_or_else(|p| p.into_inner()) = Some(tenant.clone());
+            let expires_at = now_ms() + boot.ttl_secs * 1000;
+            sb.expires_at.store(expires_at, Ordering::Relaxed);
+            let claim_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let detail = serde_json::json!({
+                "claim_us": (claim_ms * 1000.0).round() as u64,
+                "pool": pool,
+                "tenant": tenant,
+                "caller": caller.name,
+                "template": boot.template.to_string(),
+                "source": "pool",
+            });
+            let claimed = self.inner.store.claim_pooled(
+                &id,
+                &tenant,
+                &boot.labels,
+                expires_at,
+                claim_ms,
+                &detail,
+            );
+            if let Err(e) = claimed {
+                // Never hand out a sandbox whose record does not say whose
+                // it is; it goes, and the create fails.
+                self.destroy_in_background(sb, "claim_failed");
+                return Err(e.into());
+            }
+            sb.pooled.store(false, Ordering::SeqCst);
+            return self.info(&id).map(Some);
+        }
+    }
+
+    /// Creates or changes pool `name`. A new template or new limits throw
+    /// away its unclaimed sandboxes (they no longer fit); a lower `max`
+    /// throws away the excess. Admin only.
+    pub fn set_pool(
+        &self,
+        name: &str,
+        spec: PoolSpec,
+        caller: &Caller,
+    ) -> Result<PoolInfo, EngineError> {
+        if !caller.admin {
+            return Err(EngineError::Forbidden(
+                "managing pools needs an admin key".into(),
+            ));
+        }
+        check_pool_name(name)?;
+        let cfg = &self.inner.cfg;
+        let template: Option<TemplateRef> = spec
+            .template
+            .as_deref()
+            .map(|t| t.parse().map_err(|e| EngineError::Invalid(format!("{e}"))))
+            .transpose()?;
+        if let Some(t) = &template {
+            check_template(t)?;
+        }
+        let limits = cfg
+            .default_limits
+            .with(&spec.limits)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let mut evicted = Vec::new();
+        {
+            let mut pools = self.lock_pools();
+            let p = pools.entry(name.to_owned()).or_insert_with(|| Pool {
+                template: TemplateRef::Host,
+                limits,
+                target: 0,
+                max: 0,
+                refill_concurrency: DEFAULT_REFILL_CONCURRENCY,
+                ready: VecDeque::new(),
+                filling: 0,
+                claims: 0,
+                misses: 0,
+                generation: 0,
+                backoff_until: None,
+            });
+            let template = template.unwrap_or_else(|| p.template.clone());
+            let target = spec.target.unwrap_or(p.target);
+            let max = spec.max.unwrap_or(p.max.max(target));
+            let conc = spec.refill_concurrency.unwrap_or(p.refill_concurrency);
+            if target > max {
+                return Err(EngineError::Invalid(format!(
+                    "pool `{name}`: target {target} is above max {max}"
+                )));
+            }
+            if max > cfg.slots() {
+                return Err(EngineError::Invalid(format!(
+                    "pool `{name}`: max {max} is above the daemon's cap of {} sandboxes",
+                    cfg.slots()
+                )));
+            }
+            if !(1..=MAX_REFILL_CONCURRENCY).contains(&conc) {
+                return Err(EngineError::Invalid(format!(
+                    "pool `{name}`: refill_concurrency {conc} is out of range; allowed is 1..={MAX_REFILL_CONCURRENCY}"
+                )));
+            }
+            if p.template != template || p.limits != limits {
+                p.generation += 1;
+                evicted.extend(p.ready.drain(..));
+            }
+            while p.ready.len() > max as usize {
+                evicted.extend(p.ready.pop_back());
+            }
+            p.template = template;
+            p.limits = limits;
+            p.target = target;
+            p.max = max;
+            p.refill_concurrency = conc;
+            p.backoff_until = None;
+        }
+        self.evict(evicted);
+        self.inner.pools.wake.notify_one();
+        self.pool_info(name)
+    }
+
+    /// Empties pool `name` and stops its refill (target 0): its unclaimed
+    /// sandboxes are destroyed, and boots in flight are thrown away when
+    /// they finish. Claimed sandboxes are not touched. Admin only.
+    pub fn drain_pool(&self, name: &str, caller: &Caller) -> Result<PoolInfo, EngineError> {
+        if !caller.admin {
+            return Err(EngineError::Forbidden(
+                "managing pools needs an admin key".into(),
+            ));
+        }
+        let evicted: Vec<SandboxId> = {
+            let mut pools = self.lock_pools();
+            let p = pools
+                .get_mut(name)
+                .ok_or_else(|| EngineError::NoSuchPool(name.to_owned()))?;
+            p.target = 0;
+            p.generation += 1;
+            p.ready.drain(..).collect()
+        };
+        self.evict(evicted);
+        self.pool_info(name)
+    }
+
+    /// Destroys unclaimed sandboxes that left their pool.
+    fn evict(&self, ids: Vec<SandboxId>) {
+        for id in ids {
+            if let Some(sb) = self.lookup_any(&id) {
+                self.destroy_in_background(sb, "pool_drain");
+            }
+        }
+    }
+
+    fn pool_info(&self, name: &str) -> Result<PoolInfo, EngineError> {
+        self.pool_infos()
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| EngineError::NoSuchPool(name.to_owned()))
+    }
+
     /// What each pool is and how full, by name.
     pub(crate) fn pool_infos(&self) -> Vec<PoolInfo> {
-        let pools = self
-            .inner
-            .pools
-            .by_name
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let pools = self.lock_pools();
         let mut out: Vec<PoolInfo> = pools
             .iter()
             .map(|(name, p)| PoolInfo {
@@ -54,5 +317,13 @@ impl Engine {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
+    }
+
+    pub(crate) fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pool>> {
+        self.inner
+            .pools
+            .by_name
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 }

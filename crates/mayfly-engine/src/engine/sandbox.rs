@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use mayfly_sys::cgroup::CgroupPlan;
 use mayfly_types::SandboxId;
@@ -29,8 +29,14 @@ pub(crate) struct Sandbox {
     pub cgroup: CgroupPlan,
     /// `<state>/sandboxes/<id>`: upper and work directories and the mount point.
     pub dir: PathBuf,
-    /// The environment every command starts from.
-    pub env: Vec<(String, String)>,
+    /// The environment every command starts from (set again when a pool's
+    /// sandbox is claimed).
+    pub env: RwLock<Arc<Vec<(String, String)>>>,
+    /// The owning tenant; `None` while the sandbox waits in a pool.
+    pub tenant: RwLock<Option<String>>,
+    /// True while the sandbox waits unclaimed in a pool: no request can
+    /// reach it, so a claimed sandbox is one nobody has used.
+    pub pooled: AtomicBool,
     pub next_handle: AtomicU64,
     pub procs: Mutex<HashMap<u64, Arc<BgProcess>>>,
     pub fs: OnceLock<Arc<SandboxFs>>,
@@ -57,6 +63,7 @@ impl Sandbox {
         cgroup: CgroupPlan,
         dir: PathBuf,
         env: Vec<(String, String)>,
+        tenant: Option<String>,
         lease: std::fs::File,
     ) -> Self {
         Sandbox {
@@ -69,7 +76,9 @@ impl Sandbox {
             stub,
             cgroup,
             dir,
-            env,
+            env: RwLock::new(Arc::new(env)),
+            pooled: AtomicBool::new(tenant.is_none()),
+            tenant: RwLock::new(tenant),
             next_handle: AtomicU64::new(1),
             procs: Mutex::new(HashMap::new()),
             fs: OnceLock::new(),
@@ -87,6 +96,15 @@ impl Sandbox {
     /// Marks the sandbox stopping; true for the one caller that gets to stop it.
     pub fn begin_stop(&self) -> bool {
         !self.stopping.swap(true, Ordering::SeqCst)
+    }
+
+    /// The environment every command starts from.
+    pub fn env(&self) -> Arc<Vec<(String, String)>> {
+        self.env.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn is_pooled(&self) -> bool {
+        self.pooled.load(Ordering::SeqCst)
     }
 
     pub fn handle(&self) -> u64 {

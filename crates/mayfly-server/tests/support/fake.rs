@@ -49,6 +49,7 @@ struct State {
     tars: HashMap<(SandboxId, String), Vec<u8>>,
     /// Every caller the engine was handed, in order.
     callers: Vec<String>,
+    pools: BTreeMap<String, mayfly_types::PoolInfo>,
 }
 
 impl FakeEngine {
@@ -566,6 +567,48 @@ impl SandboxApi for FakeEngine {
     }
 
     async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
-        Ok(Vec::new())
+        Ok(self.lock().pools.values().cloned().collect())
+    }
+
+    async fn set_pool(
+        &self,
+        name: &str,
+        spec: mayfly_types::PoolSpec,
+        caller: &Caller,
+    ) -> Result<mayfly_types::PoolInfo, EngineError> {
+        if !caller.admin {
+            return Err(EngineError::Forbidden("admin only".into()));
+        }
+        mayfly_engine::check_pool_name(name)?;
+        let target = spec.target.unwrap_or(0);
+        let info = mayfly_types::PoolInfo {
+            name: name.to_owned(),
+            template: spec.template.unwrap_or_else(|| "host".into()),
+            target,
+            max: spec.max.unwrap_or(target),
+            refill_concurrency: spec.refill_concurrency.unwrap_or(1),
+            limits: mayfly_types::ResolvedLimits::DEFAULT,
+            ready: target,
+            filling: 0,
+            claims: 0,
+            misses: 0,
+        };
+        self.lock().pools.insert(name.to_owned(), info.clone());
+        Ok(info)
+    }
+
+    async fn drain_pool(
+        &self,
+        name: &str,
+        _caller: &Caller,
+    ) -> Result<mayfly_types::PoolInfo, EngineError> {
+        let mut st = self.lock();
+        let p = st
+            .pools
+            .get_mut(name)
+            .ok_or_else(|| EngineError::NoSuchPool(name.to_owned()))?;
+        p.target = 0;
+        p.ready = 0;
+        Ok(p.clone())
     }
 }

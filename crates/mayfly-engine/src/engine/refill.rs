@@ -1,0 +1,142 @@
+//! Pool refill: boots replacements in the background, within bounds.
+//!
+//! One task per engine wakes on every claim, drain, setting change or
+//! finished boot (and every 250 ms regardless). For each pool below its
+//! target it starts boots, at most `refill_concurrency` at a time per pool,
+//! never while a cold create is in flight (those are requests waiting), and
+//! never past the daemon's cap on live sandboxes. A failed boot holds that
+//! pool's refill back for a second, so a broken template cannot spin.
+
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use mayfly_types::SandboxId;
+
+use super::create::Boot;
+use super::{Engine, Inner};
+use crate::api::Caller;
+
+/// How often refill looks even when nothing woke it.
+const TICK: Duration = Duration::from_millis(250);
+
+impl Engine {
+    /// Starts the refill task. Call once, inside the tokio runtime.
+    pub(crate) fn start_refill(&self) {
+        let weak: Weak<Inner> = std::sync::Arc::downgrade(&self.inner);
+        let wake = self.inner.pools.wake.clone();
+        tokio::spawn(async move {
+            loop {
+                {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let engine = Engine { inner };
+                    if engine.inner.shutting_down.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    engine.start_boots();
+                }
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep(TICK) => {}
+                }
+            }
+        });
+    }
+
+    /// Starts the boots the pools are owed, within their bounds.
+    fn start_boots(&self) {
+        if self.inner.pools.foreground.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        let cap = self.inner.cfg.slots() as usize;
+        let mut live = self.live_count();
+        let now = Instant::now();
+        let mut starts: Vec<(String, u64, Boot)> = Vec::new();
+        {
+            let mut pools = self.lock_pools();
+            for (name, p) in pools.iter_mut() {
+                if p.backoff_until.is_some_and(|t| t > now) {
+                    continue;
+                }
+                while (p.ready.len() as u32 + p.filling) < p.target
+                    && p.filling < p.refill_concurrency
+                    && live < cap
+                {
+                    p.filling += 1;
+                    live += 1;
+                    starts.push((
+                        name.clone(),
+                        p.generation,
+                        Boot {
+                            template: p.template.clone(),
+                            limits: p.limits,
+                            ttl_secs: 0,
+                            env: Default::default(),
+                            labels: Default::default(),
+                            tenant: None,
+                            pool: Some(name.clone()),
+                        },
+                    ));
+                }
+            }
+        }
+        for (name, generation, boot) in starts {
+            let engine = self.clone();
+            let task = tokio::spawn(async move {
+                let caller = Caller::new(format!("pool:{name}"));
+                let booted = engine.boot(boot, &caller, Instant::now()).await;
+                engine.finish_boot(&name, generation, booted.map(|i| i.id));
+            });
+            // Shutdown waits for boots in flight, which then see it and
+            // destroy what they made.
+            self.track_cleanup(task);
+        }
+    }
+
+    /// Puts a finished boot into its pool, or destroys it when the pool no
+    /// longer wants it (drained, changed, full, or the daemon stopping).
+    fn finish_boot(
+        &self,
+        name: &str,
+        generation: u64,
+        booted: Result<SandboxId, crate::EngineError>,
+    ) {
+        let stopping = self.inner.shutting_down.load(Ordering::SeqCst);
+        let unwanted = {
+            let mut pools = self.lock_pools();
+            let pool = pools.get_mut(name);
+            match (booted, pool) {
+                (Ok(id), Some(p)) => {
+                    p.filling = p.filling.saturating_sub(1);
+                    if !stopping
+                        && p.generation == generation
+                        && (p.ready.len() as u32) < p.max.max(p.target)
+                    {
+                        p.ready.push_back(id);
+                        None
+                    } else {
+                        Some(id)
+                    }
+                }
+                (Ok(id), None) => Some(id),
+                (Err(e), pool) => {
+                    tracing::warn!(pool = name, error = %e, "booting a pool sandbox failed");
+                    if let Some(p) = pool {
+                        p.filling = p.filling.saturating_sub(1);
+                        p.backoff_until = Some(Instant::now() + super::pool::FAILURE_BACKOFF);
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(sb) = unwanted.and_then(|id| self.lookup_any(&id)) {
+            let reason = if stopping {
+                "daemon_shutdown"
+            } else {
+                "pool_drain"
+            };
+            self.destroy_in_background(sb, reason);
+        }
+        self.inner.pools.wake.notify_one();
+    }
+}
