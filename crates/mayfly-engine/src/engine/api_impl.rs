@@ -328,11 +328,11 @@ impl Engine {
                 state: SandboxState::Stopping,
             }),
             Err(e) => match self.info(id) {
-                Ok(info) => Err(EngineError::NotReady {
+                Ok(info) if !unclaimed(&info) => Err(EngineError::NotReady {
                     id: id.clone(),
                     state: info.state,
                 }),
-                Err(_) => Err(e),
+                _ => Err(e),
             },
         }
     }
