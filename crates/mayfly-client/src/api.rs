@@ -63,6 +63,22 @@ impl Client {
         Ok(list.sandboxes)
     }
 
+    /// `POST /v1/sandboxes/{id}/keepalive`: resets the idle timer and, with
+    /// `ttl_secs`, moves the deadline to that long from now.
+    pub async fn keepalive(
+        &self,
+        id: &SandboxId,
+        ttl_secs: Option<u64>,
+    ) -> Result<SandboxInfo, ClientError> {
+        let body = mayfly_types::KeepaliveRequest { ttl_secs };
+        self.json(
+            Method::POST,
+            &format!("{}/keepalive", sandbox(id)),
+            json_body(&body)?,
+        )
+        .await
+    }
+
     /// `DELETE /v1/sandboxes/{id}`: idempotent; returns the final record.
     pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, ClientError> {
         self.json(Method::DELETE, &sandbox(id), Body::Empty).await

@@ -59,6 +59,12 @@ pub trait SandboxApi: Send + Sync + 'static {
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError>;
     /// Live sandboxes, or all recorded ones with `all`.
     async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError>;
+    /// Resets the idle timer and, with `ttl_secs`, moves the deadline.
+    async fn keepalive(
+        &self,
+        id: &SandboxId,
+        ttl_secs: Option<u64>,
+    ) -> Result<SandboxInfo, EngineError>;
     /// Idempotent: destroying a destroyed sandbox returns its record.
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError>;
 

@@ -25,6 +25,7 @@ use crate::{events, exec, files, pools, processes, routes, sandboxes};
         sandboxes::list_sandboxes,
         sandboxes::get_sandbox,
         sandboxes::destroy_sandbox,
+        sandboxes::keepalive,
         exec::exec,
         processes::start_process,
         processes::list_processes,

@@ -64,6 +64,11 @@ fn table() -> Routes {
         .add(Method::GET, SANDBOX, get(get_sandbox))
         .add(Method::DELETE, SANDBOX, delete(destroy_sandbox))
         .add(Method::POST, "/v1/sandboxes/{id}/exec", post(exec))
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/keepalive",
+            post(keepalive),
+        )
         .add(Method::POST, PROCESSES, post(start_process))
         .add(Method::GET, PROCESSES, get(list_processes))
         .add(

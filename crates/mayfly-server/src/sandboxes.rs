@@ -92,3 +92,21 @@ pub(crate) struct IdParam {
     #[param(example = "mf-abcdefghjkmn")]
     id: String,
 }
+
+/// Keep a sandbox alive: resets its idle timer and, with `ttl_secs`, moves
+/// its deadline to that many seconds from now (at most the maximum TTL).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/keepalive", tag = "sandboxes", params(IdParam),
+    request_body(content = Option<mayfly_types::KeepaliveRequest>, content_type = "application/json"),
+    responses(
+        (status = 200, body = SandboxInfo),
+        (status = 400, description = "Malformed id or TTL out of range.", body = ApiError),
+        (status = 404, description = "No such sandbox.", body = ApiError),
+        (status = 409, description = "The sandbox is stopping or ended.", body = ApiError),
+    ))]
+pub(crate) async fn keepalive(
+    State(s): State<AppState>,
+    SandboxPath(id): SandboxPath,
+    OptionalJsonBody(req): OptionalJsonBody<mayfly_types::KeepaliveRequest>,
+) -> Result<Json<SandboxInfo>, AppError> {
+    Ok(Json(s.api.keepalive(&id, req.ttl_secs).await?))
+}

@@ -232,8 +232,9 @@ impl Store {
     }
 
     /// Gives a ready, unclaimed pool sandbox to `tenant`: its labels, its
-    /// deadline, when it was claimed and how long the claim took (kept as
-    /// its `create_ms`), with a `claimed` event, in one transaction. Fails
+    /// deadline, when it was claimed (also its `created_at` from now on: to
+    /// its tenant, the sandbox was created by the claim) and how long the
+    /// claim took (kept as its `create_ms`), with a `claimed` event, in one transaction. Fails
     /// with `NotFound` unless the sandbox is ready and unclaimed, so a
     /// sandbox is claimed at most once.
     #[allow(clippy::too_many_arguments)]
@@ -253,7 +254,7 @@ impl Store {
         let changed = tx
             .prepare_cached(
                 "UPDATE sandboxes SET tenant = ?2, labels = ?3, expires_at = ?4, \
-                 claimed_at = ?5, create_ms = ?6 \
+                 claimed_at = ?5, created_at = ?5, create_ms = ?6 \
                  WHERE id = ?1 AND tenant IS NULL AND state = 'ready'",
             )?
             .execute(params![

@@ -25,8 +25,8 @@ pub use id::{IdError, SandboxId};
 pub use limits::{LimitError, Limits, ResolvedLimits};
 pub use pool::{PoolInfo, PoolList, PoolSpec};
 pub use sandbox::{
-    CreateRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState, TemplateError,
-    TemplateRef, TtlError,
+    CreateRequest, KeepaliveRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState,
+    TemplateError, TemplateRef, TtlError,
 };
 
 /// Milliseconds since the Unix epoch; the one time unit on the wire.

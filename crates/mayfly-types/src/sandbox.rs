@@ -90,8 +90,14 @@ pub struct CreateRequest {
     /// `host` (default) or `dir:/absolute/path`.
     #[schema(value_type = Option<String>, example = "host")]
     pub template: Option<TemplateRef>,
-    /// Time to live in seconds; the daemon's default when absent.
+    /// Time to live in seconds; the daemon's default when absent. The
+    /// sandbox is killed at its deadline even while commands run.
     pub ttl_secs: Option<u64>,
+    /// Destroy the sandbox after this many seconds without a request or a
+    /// running command; the daemon's default (off unless configured) when
+    /// absent, 0 for never.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
     #[serde(default)]
     pub limits: Limits,
     /// Environment given to every command, below per-exec env.
@@ -100,6 +106,14 @@ pub struct CreateRequest {
     /// Free-form labels, returned as given.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+}
+
+/// `POST /v1/sandboxes/{id}/keepalive`: resets the idle timer and, with
+/// `ttl_secs`, moves the deadline to that many seconds from now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeepaliveRequest {
+    pub ttl_secs: Option<u64>,
 }
 
 /// The lifecycle of a sandbox. Transitions are recorded in the store.

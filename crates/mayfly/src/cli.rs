@@ -111,6 +111,17 @@ pub struct ServeArgs {
     /// Maximum TTL a create may ask for.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub max_ttl: std::time::Duration,
+    /// On SIGTERM: `destroy` every sandbox at once, or `drain`: refuse new
+    /// creates, keep serving the live sandboxes until they end or the grace
+    /// period passes (a second signal cuts it short), then destroy the rest.
+    #[arg(long, value_enum, default_value = "destroy")]
+    pub shutdown: ShutdownMode,
+    /// How long a draining shutdown waits for live sandboxes.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: std::time::Duration,
+    /// Idle timeout of a sandbox whose create names none (0s: none).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: std::time::Duration,
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: u32,
@@ -121,6 +132,13 @@ pub struct ServeArgs {
     pub pools: Vec<(String, mayfly_types::PoolSpec)>,
 }
 
+/// What the daemon does with live sandboxes when asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShutdownMode {
+    Destroy,
+    Drain,
+}
+
 #[derive(Debug, Args, Clone)]
 pub struct SpecArgs {
     /// `host` or `dir:/path/to/rootfs`.
@@ -129,6 +147,10 @@ pub struct SpecArgs {
     /// Time to live (e.g. 30s, 10m).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub ttl: Option<std::time::Duration>,
+    /// Destroy the sandbox after this long without a request or a running
+    /// command (e.g. 5m; 0s: never).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub idle_timeout: Option<std::time::Duration>,
     /// Memory limit (e.g. 512m, 2g).
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<u64>,
@@ -170,6 +192,7 @@ impl SpecArgs {
         Ok(CreateRequest {
             template: Some(self.template.clone()),
             ttl_secs: self.ttl.map(|d| d.as_secs().max(1)),
+            idle_timeout_secs: self.idle_timeout.map(|d| d.as_secs()),
             limits: Limits {
                 memory_bytes: self.memory,
                 cpu_millis,

@@ -6,13 +6,14 @@ use anyhow::Context;
 use mayfly_engine::{Engine, EngineConfig, Zygote};
 use mayfly_server::ServerOptions;
 
-use crate::cli::{Cli, ServeArgs};
+use crate::cli::{Cli, ServeArgs, ShutdownMode};
 
 pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i32> {
     let cfg = EngineConfig {
         state_dir: cli.state_dir.clone(),
         default_ttl: a.default_ttl,
         max_ttl: a.max_ttl,
+        default_idle: a.idle_timeout,
         max_sandboxes: a.max_sandboxes,
         pools: a.pools.clone(),
         ..EngineConfig::default()
@@ -41,12 +42,24 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         listeners.push(mayfly_server::bind_tcp(addr).await?);
     }
     tracing::info!(socket = %cli.socket.display(), "mayfly daemon ready");
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing a SIGTERM handler")?;
+    let (mode, grace, drainer) = (a.shutdown, a.shutdown_grace, engine.clone());
+    let shutdown = async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+        }
+        if mode == ShutdownMode::Drain {
+            tracing::info!(grace = ?grace, "draining: new creates are refused; waiting for live sandboxes");
+            let second = async {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            };
+            let left = drainer.drain(grace, second).await;
+            tracing::info!(left, "drain over");
         }
     };
     mayfly_server::serve(app, listeners, shutdown).await?;

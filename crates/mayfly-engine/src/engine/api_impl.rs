@@ -68,7 +68,10 @@ impl Engine {
         let caller = caller.clone();
         let timeout = req.timeout_ms.map(Duration::from_millis);
         let stdin = req.stdin.map(|b| b.0);
+        // A command in flight keeps the sandbox from counting as idle.
+        let busy = super::sandbox::Busy::new(&sb);
         Ok(async move {
+            let _busy = busy;
             let out = [
                 Arc::new(std::sync::Mutex::new(Collected::default())),
                 Arc::new(std::sync::Mutex::new(Collected::default())),
@@ -118,6 +121,14 @@ impl SandboxApi for Engine {
             .map(record_to_info)
             .filter(|i| !unclaimed(i))
             .collect())
+    }
+
+    async fn keepalive(
+        &self,
+        id: &SandboxId,
+        ttl_secs: Option<u64>,
+    ) -> Result<SandboxInfo, EngineError> {
+        Engine::keepalive(self, id, ttl_secs).await
     }
 
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {

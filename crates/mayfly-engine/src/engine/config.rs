@@ -23,6 +23,8 @@ pub struct EngineConfig {
     pub default_limits: ResolvedLimits,
     pub default_ttl: Duration,
     pub max_ttl: Duration,
+    /// Idle timeout of a sandbox whose create names none (zero: none).
+    pub default_idle: Duration,
     /// The most sandboxes alive at once (also bounded by the uid slots).
     pub max_sandboxes: u32,
     /// `None` discovers the layout from `/proc/self/mountinfo`.
@@ -60,6 +62,7 @@ impl Default for EngineConfig {
             default_limits: ResolvedLimits::DEFAULT,
             default_ttl: Duration::from_secs(600),
             max_ttl: Duration::from_secs(24 * 3600),
+            default_idle: Duration::ZERO,
             max_sandboxes: 4096,
             cgroup_layout: None,
             setup_timeout: Duration::from_secs(10),

@@ -32,6 +32,8 @@ pub(crate) struct Boot {
     pub template: TemplateRef,
     pub limits: mayfly_types::ResolvedLimits,
     pub ttl_secs: u64,
+    /// Idle timeout in seconds; 0 for none.
+    pub idle_secs: u64,
     pub env: std::collections::BTreeMap<String, String>,
     pub labels: std::collections::BTreeMap<String, String>,
     /// `None` for a pool's sandbox, until it is claimed.
@@ -206,6 +208,16 @@ impl Engine {
         let template = req.template.clone().unwrap_or(TemplateRef::Host);
         check_template(&template)?;
         let ttl = ttl_secs(cfg, req.ttl_secs)?;
+        let idle_secs = match req.idle_timeout_secs {
+            None => cfg.default_idle.as_secs(),
+            Some(t) if t <= cfg.max_ttl.as_secs() => t,
+            Some(t) => {
+                return Err(EngineError::Invalid(format!(
+                    "idle_timeout_secs of {t} is out of range; allowed is 0..={}",
+                    cfg.max_ttl.as_secs()
+                )))
+            }
+        };
         let limits = cfg
             .default_limits
             .with(&req.limits)
@@ -216,6 +228,7 @@ impl Engine {
             template,
             limits,
             ttl_secs: ttl,
+            idle_secs,
             env: req.env,
             labels: req.labels,
             tenant: Some(caller.tenant.clone()),
@@ -237,6 +250,7 @@ impl Engine {
             template,
             limits,
             ttl_secs: ttl,
+            idle_secs,
             env: req_env,
             labels,
             tenant,
@@ -379,6 +393,8 @@ impl Engine {
             rec.tenant.clone(),
             lease,
         ));
+        sb.idle_ms
+            .store(idle_secs * 1000, std::sync::atomic::Ordering::Relaxed);
         inner
             .sandboxes
             .write()

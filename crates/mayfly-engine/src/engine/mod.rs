@@ -239,21 +239,87 @@ impl Engine {
         Ok(Duration::from_millis(at.saturating_sub(now_ms())))
     }
 
+    /// Destroys sandboxes past their deadline (even with commands running)
+    /// and those idle past their idle timeout.
     fn reap_expired(&self) {
         let now = now_ms();
-        let expired: Vec<Arc<Sandbox>> = self
-            .live()
-            .into_iter()
-            .filter(|s| s.expires_at.load(Ordering::Relaxed) <= now && !s.is_stopping())
-            .collect();
-        for sb in expired {
-            let engine = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = engine.destroy_sandbox(sb, "ttl").await {
-                    tracing::warn!(error = %e, "destroying an expired sandbox failed");
-                }
+        for sb in self.live() {
+            if sb.is_stopping() || sb.is_pooled() {
+                continue;
+            }
+            let reason = if sb.expires_at.load(Ordering::Relaxed) <= now {
+                "ttl"
+            } else if sb.is_idle(now) {
+                "idle"
+            } else {
+                continue;
+            };
+            self.destroy_in_background(sb, reason);
+        }
+    }
+
+    /// Keeps a sandbox alive: resets its idle timer and, with `ttl_secs`,
+    /// moves its deadline to that long from now (at most the maximum TTL).
+    pub async fn keepalive(
+        &self,
+        id: &SandboxId,
+        ttl_secs: Option<u64>,
+    ) -> Result<mayfly_types::SandboxInfo, EngineError> {
+        let sb = self.lookup(id)?;
+        if sb.is_stopping() {
+            return Err(EngineError::NotReady {
+                id: id.clone(),
+                state: mayfly_types::SandboxState::Stopping,
             });
         }
+        if ttl_secs.is_some() {
+            let write = self.renew_ttl(id, ttl_secs)?;
+            let _ = write.await;
+        }
+        self.info(id)
+    }
+
+    /// The first half of a draining shutdown: refuses new creates (503),
+    /// destroys the pools' unclaimed sandboxes, and waits until every
+    /// claimed sandbox has ended (its task deleted it, or its TTL or idle
+    /// timeout did) or `grace` has passed, or `cut_short` resolves. Requests
+    /// to live sandboxes are served meanwhile. Returns how many are left.
+    pub async fn drain(
+        &self,
+        grace: Duration,
+        cut_short: impl std::future::Future<Output = ()>,
+    ) -> usize {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let unclaimed: Vec<SandboxId> = self
+            .lock_pools()
+            .values_mut()
+            .flat_map(|p| {
+                p.target = 0;
+                p.ready.drain(..).collect::<Vec<_>>()
+            })
+            .collect();
+        for id in unclaimed {
+            if let Some(sb) = self.lookup_any(&id) {
+                self.destroy_in_background(sb, "daemon_shutdown");
+            }
+        }
+        let left = || {
+            self.live()
+                .iter()
+                .filter(|s| !s.is_pooled() && !s.is_stopping())
+                .count()
+        };
+        let wait = async {
+            while left() > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            _ = wait => {}
+            _ = tokio::time::sleep(grace) => {}
+            _ = cut_short => {}
+        }
+        left()
     }
 
     /// Destroys every live sandbox (daemon shutdown).
@@ -292,10 +358,15 @@ impl Engine {
 
     /// A live sandbox that requests may reach: never one that waits
     /// unclaimed in a pool.
+    /// Every request that reaches a sandbox goes through here, which counts
+    /// as activity for its idle timeout.
     fn lookup(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
-        self.lookup_any(id)
+        let sb = self
+            .lookup_any(id)
             .filter(|sb| !sb.is_pooled())
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
+        sb.touch();
+        Ok(sb)
     }
 
     /// Any live sandbox, claimed or not (for the engine's own use).

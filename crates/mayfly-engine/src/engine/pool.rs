@@ -148,6 +148,8 @@ impl Engine {
             *sb.tenant.write().unwrap_or_else(|p| p.into_inner()) = Some(tenant.clone());
             let expires_at = now_ms() + boot.ttl_secs * 1000;
             sb.expires_at.store(expires_at, Ordering::Relaxed);
+            sb.idle_ms.store(boot.idle_secs * 1000, Ordering::Relaxed);
+            sb.touch();
             let claim_ms = t0.elapsed().as_secs_f64() * 1000.0;
             let detail = serde_json::json!({
                 "claim_us": (claim_ms * 1000.0).round() as u64,

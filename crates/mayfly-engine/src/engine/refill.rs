@@ -71,6 +71,7 @@ impl Engine {
                             template: p.template.clone(),
                             limits: p.limits,
                             ttl_secs: 0,
+                            idle_secs: 0,
                             env: Default::default(),
                             labels: Default::default(),
                             tenant: None,

@@ -37,6 +37,13 @@ pub(crate) struct Sandbox {
     /// True while the sandbox waits unclaimed in a pool: no request can
     /// reach it, so a claimed sandbox is one nobody has used.
     pub pooled: AtomicBool,
+    /// Unix ms of the last request that touched the sandbox.
+    pub last_active: AtomicU64,
+    /// Destroyed after this long without a request or a running command
+    /// (ms; 0: never).
+    pub idle_ms: AtomicU64,
+    /// Foreground commands in flight.
+    pub busy: std::sync::atomic::AtomicUsize,
     pub next_handle: AtomicU64,
     pub procs: Mutex<HashMap<u64, Arc<BgProcess>>>,
     pub fs: OnceLock<Arc<SandboxFs>>,
@@ -78,6 +85,9 @@ impl Sandbox {
             dir,
             env: RwLock::new(Arc::new(env)),
             pooled: AtomicBool::new(tenant.is_none()),
+            last_active: AtomicU64::new(super::now_ms()),
+            idle_ms: AtomicU64::new(0),
+            busy: std::sync::atomic::AtomicUsize::new(0),
             tenant: RwLock::new(tenant),
             next_handle: AtomicU64::new(1),
             procs: Mutex::new(HashMap::new()),
@@ -103,11 +113,48 @@ impl Sandbox {
         self.env.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// A request touched the sandbox now.
+    pub fn touch(&self) {
+        self.last_active.store(super::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether nothing has touched the sandbox for its idle timeout and no
+    /// command runs in it (foreground or background).
+    pub fn is_idle(&self, now: u64) -> bool {
+        let idle = self.idle_ms.load(Ordering::Relaxed);
+        idle > 0
+            && now.saturating_sub(self.last_active.load(Ordering::Relaxed)) >= idle
+            && self.busy.load(Ordering::SeqCst) == 0
+            && self
+                .procs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .all(|p| p.status.borrow().is_some())
+    }
+
     pub fn is_pooled(&self) -> bool {
         self.pooled.load(Ordering::SeqCst)
     }
 
     pub fn handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Counts a foreground command in flight for as long as it lives.
+pub(crate) struct Busy(Arc<Sandbox>);
+
+impl Busy {
+    pub fn new(sb: &Arc<Sandbox>) -> Busy {
+        sb.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(sb.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+        self.0.touch();
     }
 }

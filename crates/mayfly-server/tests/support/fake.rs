@@ -566,6 +566,22 @@ impl SandboxApi for FakeEngine {
             .collect())
     }
 
+    async fn keepalive(
+        &self,
+        id: &SandboxId,
+        ttl_secs: Option<u64>,
+    ) -> Result<SandboxInfo, EngineError> {
+        let mut st = self.lock();
+        let info = st
+            .sandboxes
+            .get_mut(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
+        if let Some(t) = ttl_secs {
+            info.expires_at = info.created_at + t * 1000;
+        }
+        Ok(info.clone())
+    }
+
     async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
         Ok(self.lock().pools.values().cloned().collect())
     }

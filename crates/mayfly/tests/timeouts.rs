@@ -1,0 +1,218 @@
+//! Deadlines against a real daemon: the TTL kills even while commands run,
+//! idle sandboxes are reaped but busy ones are not, keepalive extends, and
+//! a draining shutdown serves live sandboxes while refusing new ones.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mayfly_client::ClientError;
+use mayfly_types::{CreateRequest, ErrorCode, SandboxId, SandboxInfo, SandboxState};
+
+/// Polls the record until it is terminal or `within` passes.
+async fn wait_ended(d: &Daemon, id: &SandboxId, within: Duration) -> SandboxInfo {
+    let t = Instant::now();
+    loop {
+        let info = d.client.get(id).await.expect("get");
+        if info.state.is_terminal() || t.elapsed() > within {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn code(e: ClientError) -> ErrorCode {
+    match e {
+        ClientError::Api { error, .. } => error.code,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_ttl_kills_a_sandbox_even_while_a_command_runs() {
+    let d = Daemon::start().await;
+    let sb = d
+        .create_with(&CreateRequest {
+            ttl_secs: Some(2),
+            ..CreateRequest::default()
+        })
+        .await;
+    let t = Instant::now();
+    let r = d.client.exec(&sb.id, &cmd(&["sleep", "60"])).await;
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the command outlived the TTL by {took:?}: {r:?}"
+    );
+    if let Ok(r) = &r {
+        assert_eq!(r.status.signal, Some(9), "{r:?}");
+    }
+    let info = wait_ended(&d, &sb.id, Duration::from_secs(5)).await;
+    assert_eq!(info.state, SandboxState::Destroyed, "{info:?}");
+    assert_eq!(info.reason.as_deref(), Some("ttl"));
+    assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_is_reaped_but_a_busy_one_is_not() {
+    let d = Daemon::start_with(&["--idle-timeout", "1s"]).await;
+    let idle = d.create().await;
+    // Per-create: 0 turns the daemon's default off.
+    let never = d
+        .create_with(&CreateRequest {
+            idle_timeout_secs: Some(0),
+            ..CreateRequest::default()
+        })
+        .await;
+    let fg = d.create().await;
+    let bg = d.create().await;
+    // A foreground command keeps its sandbox busy for 3 s.
+    let fg_exec = {
+        let (c, id) = (d.client.clone(), fg.id.clone());
+        tokio::spawn(async move { c.exec(&id, &cmd(&["sleep", "3"])).await })
+    };
+    // A background process keeps its sandbox busy while it runs.
+    d.client
+        .start_process(
+            &bg.id,
+            &mayfly_types::StartProcessRequest {
+                argv: vec!["sleep".into(), "3".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("starting a background process");
+    let info = wait_ended(&d, &idle.id, Duration::from_secs(4)).await;
+    assert_eq!(info.state, SandboxState::Destroyed, "{info:?}");
+    assert_eq!(info.reason.as_deref(), Some("idle"));
+    // 1.5 s past the idle timeout, the busy ones live.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in [&fg.id, &bg.id, &never.id] {
+        let info = d.client.get(id).await.expect("get");
+        assert_eq!(
+            info.state,
+            SandboxState::Ready,
+            "{id} was reaped while busy"
+        );
+    }
+    let r = fg_exec.await.expect("join").expect("the exec finishes");
+    assert_eq!(r.status.exit_code, Some(0));
+    // Once their commands end, they go idle and are reaped too.
+    for id in [&fg.id, &bg.id] {
+        let info = wait_ended(&d, id, Duration::from_secs(6)).await;
+        assert_eq!(info.reason.as_deref(), Some("idle"), "{info:?}");
+    }
+    assert_eq!(
+        d.client.get(&never.id).await.expect("get").state,
+        SandboxState::Ready
+    );
+}
+
+#[tokio::test]
+async fn keepalive_extends_the_deadline_and_refuses_bad_input() {
+    let d = Daemon::start_with(&["--max-ttl", "1h"]).await;
+    let sb = d
+        .create_with(&CreateRequest {
+            ttl_secs: Some(2),
+            ..CreateRequest::default()
+        })
+        .await;
+    let info = d
+        .client
+        .keepalive(&sb.id, Some(30))
+        .await
+        .expect("keepalive");
+    assert!(
+        info.expires_at >= sb.expires_at + 25_000,
+        "{} -> {}",
+        sb.expires_at,
+        info.expires_at
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        d.client.get(&sb.id).await.expect("get").state,
+        SandboxState::Ready,
+        "the sandbox died at its old deadline"
+    );
+    // Without a TTL it only counts as activity.
+    let same = d.client.keepalive(&sb.id, None).await.expect("keepalive");
+    assert_eq!(same.expires_at, info.expires_at);
+    assert_eq!(
+        code(d.client.keepalive(&sb.id, Some(7200)).await.unwrap_err()),
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(
+        code(d.client.keepalive(&sb.id, Some(0)).await.unwrap_err()),
+        ErrorCode::InvalidArgument
+    );
+    let unknown: SandboxId = "mf-aaaaaaaaaaaa".parse().unwrap();
+    assert_eq!(
+        code(d.client.keepalive(&unknown, None).await.unwrap_err()),
+        ErrorCode::NotFound
+    );
+    d.client.destroy(&sb.id).await.expect("destroy");
+    let e = d.client.keepalive(&sb.id, None).await.unwrap_err();
+    assert!(
+        matches!(code(e), ErrorCode::Conflict | ErrorCode::NotFound),
+        "keepalive on a destroyed sandbox"
+    );
+    assert_eq!(
+        code(
+            d.client
+                .create(&CreateRequest {
+                    idle_timeout_secs: Some(7200),
+                    ..CreateRequest::default()
+                })
+                .await
+                .unwrap_err()
+        ),
+        ErrorCode::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn a_draining_shutdown_serves_live_sandboxes_and_refuses_new_ones() {
+    let mut d = Daemon::start_with(&[
+        "--shutdown",
+        "drain",
+        "--shutdown-grace",
+        "20s",
+        "--pool",
+        "host=1",
+    ])
+    .await;
+    let sb = d.create().await;
+    // SAFETY: kill(2) on the daemon's pid, a child of this test we have not reaped.
+    unsafe { libc::kill(d.pid as i32, libc::SIGTERM) };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(d.is_running(), "the daemon did not wait for its sandbox");
+    let e = d
+        .client
+        .create(&CreateRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::Unavailable);
+    assert_eq!(d.sh(&sb.id, "echo still here").await, "still here\n");
+    d.client.destroy(&sb.id).await.expect("destroy");
+    let t = Instant::now();
+    while d.is_running() && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !d.is_running(),
+        "the daemon kept running after its last sandbox ended"
+    );
+    let state = d.state_dir.clone();
+    let store = mayfly_store::Store::open(&state).expect("store");
+    let recs = store.list_sandboxes(true).expect("records");
+    assert!(recs.iter().all(|r| r.state.is_terminal()), "{recs:?}");
+    let mine = recs.iter().find(|r| r.id == sb.id).expect("its record");
+    assert_eq!(mine.reason.as_deref(), Some("user"));
+    // The pool's unclaimed sandbox went with the drain.
+    assert!(recs
+        .iter()
+        .any(|r| r.tenant.is_none() && r.reason.as_deref() == Some("daemon_shutdown")));
+    let ids: Vec<String> = recs.iter().map(|r| r.id.to_string()).collect();
+    assert_no_leaks(&state, &ids);
+}
