@@ -38,6 +38,7 @@ impl Drop for Scratch {
 pub struct Daemon {
     child: Option<Child>,
     pub state_dir: PathBuf,
+    pub socket: PathBuf,
     pub client: Client,
     log: PathBuf,
 }
@@ -56,7 +57,15 @@ impl Daemon {
             .arg(&socket)
             .arg("--state-dir")
             .arg(&state_dir)
-            .args(["serve", "--max-sandboxes", &max_sandboxes.to_string()])
+            // No pool at start: the cold measures must boot every sandbox;
+            // the pool measures make their own through the API.
+            .args([
+                "serve",
+                "--max-sandboxes",
+                &max_sandboxes.to_string(),
+                "--pool",
+                "host=0",
+            ])
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
@@ -65,6 +74,7 @@ impl Daemon {
         let mut d = Daemon {
             child: Some(child),
             client: Client::unix(&socket),
+            socket,
             state_dir,
             log,
         };

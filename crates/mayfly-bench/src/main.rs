@@ -10,6 +10,7 @@ mod api;
 mod daemon;
 mod density;
 mod host;
+mod pool;
 mod report;
 mod spawn;
 mod stats;
@@ -50,6 +51,9 @@ enum Measure {
     Run,
     /// Memory per sandbox with many sandboxes alive at once.
     Density,
+    /// Warm pools: claim latency, `mayfly run` through a warm daemon
+    /// against bwrap, refill rate, and sustained throughput under load.
+    Pool,
 }
 
 #[derive(Debug, Args)]
@@ -72,6 +76,15 @@ struct Opts {
     /// Measured podman runs (it takes ~200 ms each); 0 leaves podman out.
     #[arg(long, global = true, default_value_t = 20)]
     podman_iterations: usize,
+    /// Concurrent clients of the load measure.
+    #[arg(long, global = true, default_value_t = 32)]
+    clients: usize,
+    /// Sandboxes created, used and destroyed by the load measure.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    load_total: usize,
+    /// Sandboxes the refill measure boots into an empty pool.
+    #[arg(long, global = true, default_value_t = 200)]
+    refill_target: u32,
     /// Sandboxes alive at once for the density measure.
     #[arg(long, global = true, default_value_t = 1000)]
     sandboxes: usize,
@@ -212,6 +225,31 @@ async fn api_measures(
         eprintln!("mayfly-bench: exec round trips, {n} iterations");
         if let Err(e) = api::exec(&d, n, w, &mut ledger, report).await {
             report.note(format!("The exec measure failed: {e:#}"));
+            ok = false;
+        }
+    }
+    if matches!(m, Measure::All | Measure::Pool) {
+        eprintln!("mayfly-bench: warm claims, {n} iterations");
+        if let Err(e) = pool::claims(&d, n, w, &mut ledger, report).await {
+            report.note(format!("The warm-claim measure failed: {e:#}"));
+            ok = false;
+        }
+        eprintln!("mayfly-bench: mayfly run through a warm daemon against bwrap, {n} iterations");
+        if let Err(e) = pool::run_vs_bwrap(&d, mayfly, n, w, report).await {
+            report.note(format!("The warm `mayfly run` measure failed: {e:#}"));
+            ok = false;
+        }
+        eprintln!("mayfly-bench: refill of {} sandboxes", o.refill_target);
+        if let Err(e) = pool::refill(&d, o.refill_target, report).await {
+            report.note(format!("The refill measure failed: {e:#}"));
+            ok = false;
+        }
+        eprintln!(
+            "mayfly-bench: load, {} clients, {} sandboxes",
+            o.clients, o.load_total
+        );
+        if let Err(e) = pool::load(&d, o.clients, o.load_total, report).await {
+            report.note(format!("The load measure failed: {e:#}"));
             ok = false;
         }
     }

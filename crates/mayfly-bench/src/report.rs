@@ -10,7 +10,7 @@ use crate::density::{Density, FIELDS};
 use crate::stats::{paired_ratio_median, Samples, Summary};
 
 /// Every series the bench can produce, in report order, with its label.
-const MEASURES: [(&str, &str); 18] = [
+const MEASURES: [(&str, &str); 23] = [
     ("create", "create→ready, API round trip"),
     ("create_daemon", "create→ready, daemon's own `create_ms`"),
     ("destroy", "destroy, API returns"),
@@ -21,6 +21,23 @@ const MEASURES: [(&str, &str); 18] = [
     ("exec", "exec `true`, API round trip"),
     ("exec_daemon", "exec `true`, daemon's own `duration_us`"),
     ("fork_exec", "fork+exec `/bin/true` (floor)"),
+    (
+        "claim",
+        "warm claim (create from a full pool), API round trip",
+    ),
+    ("claim_daemon", "warm claim, daemon's own `create_ms`"),
+    (
+        "run_daemon",
+        "`mayfly run -- /bin/true` through a daemon with a warm pool",
+    ),
+    (
+        "run_daemon_bwrap",
+        "`bwrap … /bin/true`, same loop as the line above",
+    ),
+    (
+        "load_cycle",
+        "create+exec+destroy under load (one client's cycle)",
+    ),
     (
         "run_mayfly",
         "`mayfly run -- /bin/true`, daemonless (served by a parked sandbox)",
@@ -51,9 +68,31 @@ pub struct Report {
     series: BTreeMap<&'static str, Samples>,
     notes: Vec<String>,
     pub density: Option<Density>,
+    /// Sandboxes booted, boots at once, and how long the pool took to fill.
+    pub refill: Option<(u32, u32, std::time::Duration)>,
+    pub load: Option<Load>,
     pub machine: BTreeMap<&'static str, String>,
     pub versions: BTreeMap<&'static str, String>,
     pub command: String,
+}
+
+/// What the load measure saw.
+#[derive(Debug, Default)]
+pub struct Load {
+    pub clients: usize,
+    pub total: usize,
+    pub wall: std::time::Duration,
+    pub errors: usize,
+    pub throttled: usize,
+    pub from_pool: usize,
+    pub first_error: Option<String>,
+}
+
+impl Load {
+    /// Completed cycles per second.
+    pub fn rate(&self) -> f64 {
+        (self.total - self.errors - self.throttled) as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
 }
 
 /// One line of the targets table: the measured value and whether it passes.
@@ -178,6 +217,55 @@ impl Report {
             self.ratio("run_podman", "run_mayfly")
                 .map(|(r, pm)| (ratio_text(r, pm), r >= 30.0)),
         );
+        push(
+            "warm claim over the API (unix socket)",
+            "p50 ≤ 200 µs, p99 ≤ 2 ms",
+            self.get("claim").map(|s| {
+                (
+                    format!("p50 {} ms, p99 {} ms", ms(s.p50), ms(s.p99)),
+                    s.p50 <= 0.2 && s.p99 <= 2.0,
+                )
+            }),
+        );
+        push(
+            "`mayfly run` through a daemon with a warm pool vs bwrap",
+            "≤ 0.5× (ratio of p50s, same loop)",
+            self.ratio("run_daemon", "run_daemon_bwrap")
+                .map(|(r, pm)| (ratio_text(r, pm), r <= 0.5)),
+        );
+        push(
+            "sustained create+exec+destroy",
+            "≥ 300 per second",
+            self.load.as_ref().map(|l| {
+                let p99 = self.get("load_cycle").map_or(0.0, |s| s.p99);
+                (
+                    format!(
+                        "{:.0}/s ({} clients, {} cycles, {} errors, {} throttled, p99 {} ms)",
+                        l.rate(),
+                        l.clients,
+                        l.total,
+                        l.errors,
+                        l.throttled,
+                        ms(p99)
+                    ),
+                    l.rate() >= 300.0 && l.errors == 0,
+                )
+            }),
+        );
+        push(
+            "pool refill rate",
+            "≥ 200 sandboxes per second per core",
+            self.refill.map(|(n, cores, took)| {
+                let per_core = n as f64 / took.as_secs_f64() / cores.max(1) as f64;
+                (
+                    format!(
+                        "{per_core:.0}/s per core ({n} in {:.2} s, {cores} at once)",
+                        took.as_secs_f64()
+                    ),
+                    per_core >= 200.0,
+                )
+            }),
+        );
         if let Some(d) = &self.density {
             let (a, m) = (
                 d.attributed_per_sandbox_kib() / MIB,
@@ -266,6 +354,11 @@ impl Report {
             ("run_podman", "run_mayfly", "podman / mayfly run"),
             ("run_podman", "run_mayfly_cold", "podman / mayfly run cold"),
             ("exec", "fork_exec", "exec over API / fork+exec"),
+            (
+                "run_daemon",
+                "run_daemon_bwrap",
+                "mayfly run via warm daemon / bwrap",
+            ),
         ] {
             if let Some((r, pm)) = self.ratio(a, b) {
                 let pm = pm.map_or("—".to_owned(), |p| format!("{p:.2}×"));
@@ -367,6 +460,8 @@ impl Report {
             "machine": self.machine, "versions": self.versions, "command": self.command,
             "measures": measures, "targets": verdicts,
             "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
+            "refill": self.refill.map(|(n, cores, took)| json!({"sandboxes": n, "concurrency": cores, "seconds": took.as_secs_f64()})),
+            "load": self.load.as_ref().map(|l| json!({"clients": l.clients, "total": l.total, "seconds": l.wall.as_secs_f64(), "per_second": l.rate(), "errors": l.errors, "throttled": l.throttled, "from_pool": l.from_pool, "first_error": l.first_error})),
         })
     }
 }

@@ -1,0 +1,242 @@
+//! The warm-pool measures (issue 3): claim latency over the API, `mayfly
+//! run` through a daemon with a warm pool against bwrap (interleaved, one
+//! run), refill rate, and sustained create+exec+destroy throughput with K
+//! concurrent clients.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use mayfly_client::{Client, ClientError};
+use mayfly_types::{CreateRequest, ErrorCode, ExecRequest, PoolSpec, SandboxSource};
+
+use crate::api::{call, Ledger};
+use crate::daemon::Daemon;
+use crate::report::{Load, Report};
+use crate::stats::Samples;
+
+/// The pool the measures use (the daemon starts with none).
+const POOL: &str = "bench";
+
+async fn set_pool(c: &Client, target: u32, conc: u32) -> anyhow::Result<()> {
+    let spec = PoolSpec {
+        target: Some(target),
+        max: Some(target),
+        refill_concurrency: Some(conc),
+        ..PoolSpec::default()
+    };
+    call("setting the bench pool", c.set_pool(POOL, &spec)).await?;
+    Ok(())
+}
+
+/// Waits until the pool holds at least `ready` and boots nothing.
+async fn settle(c: &Client, ready: u32, limit: Duration) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    loop {
+        let pools = call("listing pools", c.pools()).await?;
+        let p = pools.iter().find(|p| p.name == POOL);
+        if p.is_some_and(|p| p.ready >= ready && p.filling == 0) {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > limit {
+            bail!("the pool did not reach {ready} ready within {limit:?}: {p:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Claim latency: each claim with the pool full and quiet, as a request
+/// meets a pool that keeps up.
+pub async fn claims(
+    d: &Daemon,
+    n: usize,
+    warmup: usize,
+    ledger: &mut Ledger,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let c = &d.client;
+    set_pool(c, 8, 1).await?;
+    let (mut api, mut daemon) = (Samples::new(), Samples::new());
+    for i in 0..warmup + n {
+        settle(c, 8, Duration::from_secs(30)).await?;
+        let t = Instant::now();
+        let sb = call("claiming a sandbox", c.create(&CreateRequest::default())).await?;
+        let took = t.elapsed();
+        ledger.note(&sb);
+        ensure!(
+            sb.source == SandboxSource::Pool,
+            "sandbox {} came from {:?} with the pool full",
+            sb.id,
+            sb.source
+        );
+        if i >= warmup {
+            api.push(took);
+            if let Some(ms) = sb.create_ms {
+                daemon.push_ms(ms);
+            }
+        }
+        call("destroying", c.destroy(&sb.id)).await?;
+    }
+    report.add("claim", api);
+    report.add("claim_daemon", daemon);
+    call("draining the pool", c.drain_pool(POOL)).await?;
+    Ok(())
+}
+
+/// Refill rate: from an empty pool to `target` booted sandboxes with one
+/// boot per core at once; sandboxes per second per core.
+pub async fn refill(d: &Daemon, target: u32, report: &mut Report) -> anyhow::Result<()> {
+    let c = &d.client;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    settle(c, 0, Duration::from_secs(30)).await?;
+    let t = Instant::now();
+    set_pool(c, target, cores).await?;
+    settle(c, target, Duration::from_secs(120)).await?;
+    let took = t.elapsed();
+    report.refill = Some((target, cores, took));
+    call("draining the pool", c.drain_pool(POOL)).await?;
+    Ok(())
+}
+
+/// `mayfly run -- /bin/true` through the daemon (its pool warm) and
+/// `bwrap … /bin/true`, alternating, each run after the pool is full again.
+pub async fn run_vs_bwrap(
+    d: &Daemon,
+    mayfly: &Path,
+    n: usize,
+    warmup: usize,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let c = &d.client;
+    set_pool(c, 4, 1).await?;
+    let socket = d.socket.clone();
+    let bwrap = "--ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc /bin/true";
+    let (mut m, mut b) = (Samples::new(), Samples::new());
+    for i in 0..warmup + n {
+        settle(c, 4, Duration::from_secs(30)).await?;
+        let t = Instant::now();
+        let st = Command::new(mayfly)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["run", "--", "/bin/true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .context("running mayfly run")?;
+        let tm = t.elapsed();
+        ensure!(st.success(), "mayfly run through the daemon failed: {st}");
+        let t = Instant::now();
+        let st = Command::new("bwrap")
+            .args(bwrap.split(' '))
+            .stdin(Stdio::null())
+            .status()
+            .context("running bwrap (run bench/peers-setup.sh)")?;
+        let tb = t.elapsed();
+        ensure!(st.success(), "bwrap failed: {st}");
+        if i >= warmup {
+            m.push(tm);
+            b.push(tb);
+        }
+    }
+    report.add("run_daemon", m);
+    report.add("run_daemon_bwrap", b);
+    call("draining the pool", c.drain_pool(POOL)).await?;
+    Ok(())
+}
+
+/// Sustained throughput: `clients` concurrent clients each create, exec
+/// `true` and destroy until `total` sandboxes have gone through, with a
+/// warm pool refilling behind them. 429s are counted apart (intended).
+pub async fn load(
+    d: &Daemon,
+    clients: usize,
+    total: usize,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let c = &d.client;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    set_pool(c, 64, cores).await?;
+    settle(c, 64, Duration::from_secs(60)).await?;
+    let left = Arc::new(std::sync::atomic::AtomicUsize::new(total));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (c, left) = (c.clone(), left.clone());
+        tasks.push(tokio::spawn(async move { client_loop(c, left).await }));
+    }
+    let mut out = Load {
+        clients,
+        total,
+        ..Load::default()
+    };
+    let mut cycle = Samples::new();
+    for task in tasks {
+        let r = task.await.context("a load client panicked")?;
+        out.errors += r.errors;
+        out.throttled += r.throttled;
+        out.from_pool += r.from_pool;
+        out.first_error = out.first_error.or(r.first_error);
+        for s in r.cycle {
+            cycle.push(s);
+        }
+    }
+    out.wall = t.elapsed();
+    report.add("load_cycle", cycle);
+    report.load = Some(out);
+    call("draining the pool", c.drain_pool(POOL)).await?;
+    Ok(())
+}
+
+#[derive(Default)]
+struct ClientResult {
+    cycle: Vec<Duration>,
+    errors: usize,
+    throttled: usize,
+    from_pool: usize,
+    first_error: Option<String>,
+}
+
+async fn client_loop(c: Client, left: Arc<std::sync::atomic::AtomicUsize>) -> ClientResult {
+    use std::sync::atomic::Ordering;
+    let mut r = ClientResult::default();
+    let exec = ExecRequest {
+        argv: vec!["true".into()],
+        ..ExecRequest::default()
+    };
+    while left
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        let t = Instant::now();
+        let res: Result<bool, ClientError> = async {
+            let sb = c.create(&CreateRequest::default()).await?;
+            let e = c.exec(&sb.id, &exec).await;
+            c.destroy(&sb.id).await?;
+            let e = e?;
+            if e.status.exit_code != Some(0) {
+                return Err(ClientError::Protocol {
+                    request: "exec true".into(),
+                    reason: format!("exited {:?}", e.status),
+                });
+            }
+            Ok(sb.source == SandboxSource::Pool)
+        }
+        .await;
+        match res {
+            Ok(pool) => {
+                r.cycle.push(t.elapsed());
+                r.from_pool += usize::from(pool);
+            }
+            Err(ClientError::Api { error, .. }) if error.code == ErrorCode::ResourceExhausted => {
+                r.throttled += 1;
+            }
+            Err(e) => {
+                r.errors += 1;
+                r.first_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    r
+}
