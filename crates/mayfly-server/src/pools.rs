@@ -19,7 +19,10 @@ pub(crate) struct PoolNameParam {
 
 /// The pools, their settings and how full they are.
 #[utoipa::path(get, path = "/v1/pools", tag = "pools",
-    responses((status = 200, body = PoolList)))]
+    responses(
+        (status = 200, body = PoolList),
+        (status = 401, description = "A wrong or revoked API key.", body = ApiError),
+    ))]
 pub(crate) async fn list_pools(State(s): State<AppState>) -> Result<Json<PoolList>, AppError> {
     Ok(Json(PoolList {
         pools: s.api.pools().await?,
