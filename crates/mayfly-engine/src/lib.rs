@@ -13,11 +13,15 @@ pub mod park;
 pub mod plan;
 pub mod runtime;
 pub mod template;
+pub mod tenancy;
 
 pub use api::{Caller, ExecStream, SandboxApi};
+pub use engine::Admission;
+pub use engine::QuotaError;
 pub use engine::{
     start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport, DEFAULT_SPARE_NS_DIR,
 };
 pub use error::EngineError;
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;
+pub use tenancy::{TenancyApi, TenancyError};

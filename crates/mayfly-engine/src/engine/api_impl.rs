@@ -286,6 +286,23 @@ impl SandboxApi for Engine {
     async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
         Ok(self.pool_infos())
     }
+
+    async fn owner_of(&self, id: &SandboxId) -> Result<Option<String>, EngineError> {
+        self.owner(id)
+    }
+
+    async fn tenant_events(
+        &self,
+        tenant: &str,
+        since: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, EngineError> {
+        self.events_of(tenant, since, limit)
+    }
+
+    fn tenancy(&self) -> Option<&dyn crate::TenancyApi> {
+        Some(self)
+    }
 }
 
 impl Engine {

@@ -174,12 +174,8 @@ impl Engine {
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         check_env(&req.env)?;
         check_labels(&req.labels)?;
-        if self.live().len() as u32 >= cfg.slots() {
-            return Err(EngineError::Exhausted(format!(
-                "{} sandboxes are alive, the most this daemon allows",
-                cfg.slots()
-            )));
-        }
+        // The daemon's cap and the tenant's quotas; dropped on any failure below.
+        let admission = self.admit(caller, &limits)?;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the
         // plan are made while the stub may still be in the making (a
@@ -310,6 +306,7 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone(), sb.clone());
+        admission.commit(&id);
         // When init's channel closes without a destroy, the sandbox died.
         let engine = self.clone();
         tokio::spawn(async move {

@@ -76,6 +76,7 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&sb.id);
+        self.release_quota(&sb.id);
         record_end(store, &sb.id, reason, cgroup_ok)?;
         sb.done.store(true, Ordering::SeqCst);
         sb.destroyed.notify_waiters();

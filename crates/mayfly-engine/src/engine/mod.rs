@@ -11,10 +11,12 @@ mod leases;
 mod owner;
 mod pool;
 mod processes;
+mod quota;
 pub(crate) mod reaper;
 mod recovery;
 mod sandbox;
 mod stubs;
+mod tenants;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -28,6 +30,8 @@ use mayfly_types::SandboxId;
 
 pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
+pub(crate) use quota::FREED_RETRY_SECS;
+pub use quota::{Admission, QuotaError};
 pub use reaper::Detached;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
@@ -62,6 +66,8 @@ struct Inner {
     reapers: std::sync::Mutex<HashMap<SandboxId, reaper::PendingReaper>>,
     /// Warm pools of booted, unclaimed sandboxes.
     pools: pool::Pools,
+    /// Tenant quotas, usage and who owns each live sandbox (admission).
+    quotas: Arc<std::sync::Mutex<quota::Ledger>>,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
 }
@@ -156,6 +162,7 @@ impl Engine {
             _ => None,
         };
         let store = Store::open(&cfg.state_dir)?;
+        let quotas = Arc::new(std::sync::Mutex::new(Engine::load_ledger(&store)?));
         let mut inner = Inner {
             cfg,
             store,
@@ -171,6 +178,7 @@ impl Engine {
             stubs: stubs::StubPool::default(),
             reapers: std::sync::Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),
+            quotas,
             _lock: lock,
         };
         inner.recovery = recovery::reconcile(&inner);
