@@ -22,6 +22,7 @@ mod openapi;
 mod processes;
 mod routes;
 mod sandboxes;
+mod tenancy;
 
 pub use auth::Peer;
 pub(crate) use error::AppError;

@@ -14,8 +14,14 @@
 //!
 //! Paths: `/internal` fails with an internal error, `/panic` panics, and a
 //! path containing `..` is invalid.
+//!
+//! Tenants and keys live in a real in-memory store (`fake_tenancy.rs`);
+//! creates honour a tenant's `max_live` quota.
 
 #![allow(dead_code)]
+
+#[path = "fake_tenancy.rs"]
+mod tenancy;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +42,7 @@ pub struct FakeEngine {
     state: Mutex<State>,
     next_id: AtomicU64,
     gate: Arc<Notify>,
+    tenancy: tenancy::FakeTenancy,
 }
 
 #[derive(Default)]
@@ -214,6 +221,7 @@ impl SandboxApi for FakeEngine {
         let limits = ResolvedLimits::DEFAULT
             .with(&req.limits)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.admit(caller)?;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut entropy = [0u8; 12];
         for (i, b) in entropy.iter_mut().enumerate() {
@@ -567,5 +575,9 @@ impl SandboxApi for FakeEngine {
 
     async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
         Ok(Vec::new())
+    }
+
+    fn tenancy(&self) -> Option<&dyn mayfly_engine::TenancyApi> {
+        Some(self)
     }
 }
