@@ -4,6 +4,7 @@
 //! the daemon (through `mayfly-client`), print the answer.
 
 mod cli;
+mod cmd_admin;
 mod cmd_cp;
 mod cmd_park;
 mod cmd_run;
@@ -87,6 +88,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
+            Command::Tenant(ref c) => cmd_admin::tenant(&cli, c).await,
+            Command::Key(ref c) => cmd_admin::key(&cli, c).await,
             Command::Park(_) | Command::Prune => unreachable!("handled before the runtime"),
         }
     });
