@@ -142,10 +142,12 @@ impl Store {
         if !exists {
             return Ok(TenantRemoval::Missing);
         }
+        // A stopping sandbox is already killed: it does not hold its tenant.
         let live: u32 = tx.query_row(
             concat!(
                 "SELECT count(*) FROM sandboxes WHERE tenant = ?1 AND ",
-                live!()
+                live!(),
+                " AND state != 'stopping'"
             ),
             [name],
             |r| r.get(0),

@@ -7,8 +7,11 @@
 //! ([`Engine::admit`]); the [`Admission`] it gets back is committed to the
 //! sandbox's id once the sandbox is live, or, dropped un-committed, gives
 //! the reservation back. So two concurrent creates can never both take the
-//! last place, and a failed create holds nothing. A destroy releases the
-//! sandbox's share ([`Engine::release_quota`]).
+//! last place, and a failed create holds nothing. A destroy gives the
+//! tenant its share back as soon as the sandbox is killed
+//! ([`Engine::stop_quota`]: what the tenant sees as destroyed no longer
+//! counts), and the daemon its place once the cleanup is done
+//! ([`Engine::release_quota`]: the host is still busy until then).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -140,11 +143,18 @@ struct TenantState {
     bucket: Option<Bucket>,
 }
 
+/// A live sandbox's charge; `stopped` once its tenant's share is back.
+#[derive(Debug)]
+struct Held {
+    charge: Charge,
+    stopped: bool,
+}
+
 /// Every tenant's quotas and usage, and every live sandbox's charge.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     tenants: HashMap<String, TenantState>,
-    charges: HashMap<SandboxId, Charge>,
+    charges: HashMap<SandboxId, Held>,
     /// New sandboxes admitted and not yet committed or cancelled.
     reserved: u32,
 }
@@ -201,7 +211,7 @@ impl Ledger {
 
     /// The charge of a live, admitted sandbox.
     pub fn owner(&self, id: &SandboxId) -> Option<&Charge> {
-        self.charges.get(id)
+        self.charges.get(id).map(|h| &h.charge)
     }
 
     /// Checks every quota `ask` is subject to and, if all pass, reserves
@@ -244,15 +254,36 @@ impl Ledger {
         if ask.new_sandbox {
             self.reserved = self.reserved.saturating_sub(1);
         }
-        if let Some(old) = self.charges.insert(id.clone(), ask.charge) {
-            self.unreserve(&old);
+        let held = Held {
+            charge: ask.charge,
+            stopped: false,
+        };
+        if let Some(old) = self.charges.insert(id.clone(), held) {
+            if !old.stopped {
+                self.unreserve(&old.charge);
+            }
         }
     }
 
-    /// Releases a sandbox's charge when it ends. Unknown ids are ignored.
-    pub fn release(&mut self, id: &SandboxId) {
-        if let Some(c) = self.charges.remove(id) {
+    /// Gives a killed sandbox's share back to its tenant; it still counts
+    /// against the daemon's cap until [`Ledger::release`].
+    pub fn stop(&mut self, id: &SandboxId) {
+        let Some(h) = self.charges.get_mut(id) else {
+            return;
+        };
+        if !std::mem::replace(&mut h.stopped, true) {
+            let c = h.charge.clone();
             self.unreserve(&c);
+        }
+    }
+
+    /// Releases what is left of a sandbox's charge when it is gone.
+    /// Unknown ids are ignored.
+    pub fn release(&mut self, id: &SandboxId) {
+        if let Some(h) = self.charges.remove(id) {
+            if !h.stopped {
+                self.unreserve(&h.charge);
+            }
         }
     }
 
@@ -404,8 +435,15 @@ impl Engine {
         })
     }
 
-    /// Gives back what a live sandbox held against its tenant's quotas and
-    /// the daemon's cap; called when it leaves the live set.
+    /// Gives back what a sandbox held against its tenant's quotas, once
+    /// it is killed.
+    pub(crate) fn stop_quota(&self, id: &SandboxId) {
+        lock(&self.inner.quotas).stop(id);
+    }
+
+    /// Gives back everything a sandbox held (the tenant's share, if not
+    /// yet, and its place under the daemon's cap); called when it leaves
+    /// the live set.
     pub(crate) fn release_quota(&self, id: &SandboxId) {
         lock(&self.inner.quotas).release(id);
     }

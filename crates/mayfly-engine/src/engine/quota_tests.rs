@@ -61,6 +61,39 @@ fn the_live_quota_admits_up_to_its_maximum_and_frees_on_release() {
 }
 
 #[test]
+fn a_stopped_sandbox_frees_its_tenants_share_but_not_its_daemon_place() {
+    let mut l = ledger(TenantQuotas {
+        max_live: Some(1),
+        max_cpu_millis: Some(1000),
+        ..TenantQuotas::default()
+    });
+    let a = ask("t", 1000, 1);
+    l.admit(&a, 2, 0).unwrap();
+    l.commit(&sid(1), a.clone());
+    l.stop(&sid(1));
+    l.stop(&sid(1)); // twice changes nothing
+    assert_eq!(l.usage("t"), TenantUsage::default());
+    assert_eq!(l.live_total(), 1);
+    assert_eq!(
+        l.owner(&sid(1)).and_then(|c| c.tenant.as_deref()),
+        Some("t")
+    );
+    l.admit(&a, 2, 0).unwrap();
+    l.commit(&sid(2), a.clone());
+    assert_eq!(
+        quota_err(l.admit(&ask("u", 1, 1), 2, 0)),
+        QuotaError::DaemonFull { max: 2 }
+    );
+    l.release(&sid(1));
+    assert_eq!(
+        l.usage("t").live,
+        1,
+        "the release of a stopped one takes nothing more"
+    );
+    assert_eq!(l.live_total(), 1);
+}
+
+#[test]
 fn cpu_and_memory_totals_count_the_new_sandbox_too() {
     let mut l = ledger(TenantQuotas {
         max_cpu_millis: Some(2500),

@@ -186,16 +186,30 @@ fn a_tenant_with_live_sandboxes_is_not_removed() {
         TenantRemoval::HasSandboxes { live: 1 }
     );
     assert!(store.tenant("acme").unwrap().is_some());
-    destroy(&store, &id(1));
+    store.transition(&id(1), SandboxState::Ready, None).unwrap();
     assert_eq!(
-        store.get_sandbox(&id(1)).unwrap().unwrap().state,
-        SandboxState::Destroyed
+        store.remove_tenant("acme").unwrap(),
+        TenantRemoval::HasSandboxes { live: 1 }
     );
+    // A stopping sandbox is already killed and holds its tenant no more.
+    store
+        .transition(&id(1), SandboxState::Stopping, None)
+        .unwrap();
     assert_eq!(
         store.remove_tenant("acme").unwrap(),
         TenantRemoval::Removed { revoked_keys: 0 }
     );
     assert_eq!(store.remove_tenant("acme").unwrap(), TenantRemoval::Missing);
+    // Ended sandboxes never hold one.
+    store.put_tenant("acme", &quotas()).unwrap();
+    let mut rec = record(id(2), 10);
+    rec.tenant = Some("acme".into());
+    store.insert_sandbox(&rec, 8).unwrap();
+    destroy(&store, &id(2));
+    assert_eq!(
+        store.remove_tenant("acme").unwrap(),
+        TenantRemoval::Removed { revoked_keys: 0 }
+    );
 }
 
 #[test]
