@@ -5,107 +5,10 @@
 
 mod common;
 
-use std::io::{Read as _, Write as _};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::time::Duration;
-
+use common::keys::{code, http, tenant_client};
 use common::{expect_exit, text, Daemon};
-use mayfly_client::{Client, ClientError};
-use mayfly_types::{
-    CreateKeyRequest, CreateRequest, ErrorCode, Limits, SandboxId, SandboxInfo, TenantQuotas,
-};
-
-/// One raw answer, headers included (the client does not show them).
-struct Raw {
-    status: u16,
-    head: String,
-    body: String,
-}
-
-impl Raw {
-    fn header(&self, name: &str) -> Option<String> {
-        let prefix = format!("{}:", name.to_ascii_lowercase());
-        self.head.lines().find_map(|l| {
-            l.to_ascii_lowercase()
-                .starts_with(&prefix)
-                .then(|| l[prefix.len()..].trim().to_owned())
-        })
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("{} body is not JSON ({e}): {:?}", self.status, self.body))
-    }
-}
-
-/// One request over the daemon's socket on a fresh connection.
-fn http(socket: &Path, method: &str, path: &str, key: Option<&str>, body: Option<&str>) -> Raw {
-    let mut s = UnixStream::connect(socket).expect("connecting to the daemon");
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let body = body.unwrap_or("");
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if !body.is_empty() {
-        req.push_str("Content-Type: application/json\r\n");
-    }
-    if let Some(k) = key {
-        req.push_str(&format!("Authorization: Bearer {k}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).expect("sending the request");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("reading the answer");
-    let raw = text(&raw);
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an end of headers");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    Raw {
-        status,
-        head: head.to_owned(),
-        body: body.to_owned(),
-    }
-}
-
-/// The admin (the unix socket without a key) makes `tenant` with `quotas`
-/// and a key for it; returns a client acting with that key, and the secret.
-async fn tenant_client(
-    d: &Daemon,
-    tenant: &str,
-    quotas: TenantQuotas,
-    admin: bool,
-) -> (Client, String) {
-    d.client
-        .put_tenant(tenant, &quotas)
-        .await
-        .expect("put tenant");
-    let k = d
-        .client
-        .create_key(&CreateKeyRequest {
-            tenant: tenant.to_owned(),
-            admin,
-        })
-        .await
-        .expect("create key");
-    let c = Client::unix(&d.socket)
-        .with_api_key(&k.secret)
-        .expect("a header-safe key");
-    (c, k.secret)
-}
-
-fn code(r: Result<impl std::fmt::Debug, ClientError>) -> (u16, ErrorCode, String) {
-    match r {
-        Err(ClientError::Api { status, error }) => (status, error.code, error.message),
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
+use mayfly_client::ClientError;
+use mayfly_types::{CreateRequest, ErrorCode, Limits, SandboxId, SandboxInfo, TenantQuotas};
 
 fn limited(cpu_millis: u32, memory_bytes: u64) -> CreateRequest {
     CreateRequest {
@@ -543,4 +446,27 @@ async fn the_cli_manages_tenants_and_keys_and_acts_with_a_key() {
     expect_exit(&d.run_cli(&["tenant", "rm", "acme"]), 0, "tenant rm");
     let ls = expect_exit(&d.run_cli(&["tenant", "ls"]), 0, "tenant ls");
     assert!(!ls.contains("acme"), "{ls}");
+}
+
+#[tokio::test]
+async fn tenants_quotas_and_keys_survive_a_restart() {
+    let mut d = Daemon::start().await;
+    let quotas = TenantQuotas {
+        max_live: Some(0),
+        ..TenantQuotas::default()
+    };
+    let (c, secret) = tenant_client(&d, "kept", quotas, false).await;
+    d.restart().await;
+    assert!(
+        c.list(false).await.unwrap().is_empty(),
+        "the key still works"
+    );
+    let (status, _, msg) = code(c.create(&CreateRequest::default()).await);
+    assert_eq!(status, 429, "the quota was read back at start: {msg}");
+    let t = d.client.tenant("kept").await.unwrap();
+    assert_eq!(t.quotas, quotas);
+    let keys = d.client.keys().await.unwrap();
+    assert!(keys
+        .iter()
+        .any(|k| secret.contains(&k.id) && k.tenant == "kept"));
 }
