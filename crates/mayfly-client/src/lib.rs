@@ -30,6 +30,7 @@ use mayfly_types::{ApiError, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+mod admin;
 mod api;
 mod error;
 mod sse;

@@ -146,4 +146,62 @@ pub trait SandboxApi: Send + Sync + 'static {
     ) -> Result<PoolInfo, EngineError>;
     /// Empties a pool and stops its refill (admin only).
     async fn drain_pool(&self, name: &str, caller: &Caller) -> Result<PoolInfo, EngineError>;
+
+    /// The tenant that owns a sandbox, or `None` while it waits unclaimed
+    /// in a warm pool; `NoSuchSandbox` if there is none. What a front end
+    /// checks before letting a non-admin caller near a sandbox.
+    async fn owner_of(&self, id: &SandboxId) -> Result<Option<String>, EngineError> {
+        Ok(self.get(id).await?.tenant)
+    }
+
+    /// Up to `limit` lifecycle events of `tenant`'s sandboxes with a
+    /// sequence number above `since`. Events about no sandbox are the
+    /// host's and never listed here.
+    async fn tenant_events(
+        &self,
+        tenant: &str,
+        since: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, EngineError> {
+        // Pages through every event; an engine overrides this with a query.
+        let mut owners: std::collections::HashMap<String, bool> = Default::default();
+        let (mut out, mut cursor) = (Vec::new(), since);
+        loop {
+            let page = self.events(cursor, limit.max(1)).await?;
+            if page.is_empty() {
+                return Ok(out);
+            }
+            for e in page {
+                cursor = e.seq;
+                let Some(sid) = e.sandbox_id.clone() else {
+                    continue;
+                };
+                let theirs = match owners.get(&sid) {
+                    Some(t) => *t,
+                    None => {
+                        let t = match sid.parse::<SandboxId>() {
+                            Ok(id) => {
+                                matches!(self.owner_of(&id).await, Ok(Some(o)) if o == tenant)
+                            }
+                            Err(_) => false,
+                        };
+                        owners.insert(sid, t);
+                        t
+                    }
+                };
+                if theirs {
+                    out.push(e);
+                    if out.len() >= limit as usize {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// API keys and tenants, when this front end has them; without, every
+    /// key is refused and only the host's operator can call.
+    fn tenancy(&self) -> Option<&dyn crate::TenancyApi> {
+        None
+    }
 }

@@ -33,6 +33,11 @@ pub enum EngineError {
     Files(#[from] crate::files::FilesError),
     #[error("host limit reached: {0}")]
     Exhausted(String),
+    /// A tenant's quota or the daemon's cap on live sandboxes.
+    #[error(transparent)]
+    Quota(#[from] crate::engine::QuotaError),
+    #[error(transparent)]
+    Tenancy(#[from] crate::tenancy::TenancyError),
     #[error("the engine is shutting down")]
     ShuttingDown,
     #[error("internal error: {0}")]
@@ -52,9 +57,21 @@ impl EngineError {
             EngineError::NotReady { .. } => ErrorCode::Conflict,
             EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,
             EngineError::Files(e) => e.code(),
-            EngineError::Exhausted(_) => ErrorCode::ResourceExhausted,
+            EngineError::Exhausted(_) | EngineError::Quota(_) => ErrorCode::ResourceExhausted,
+            EngineError::Tenancy(e) => e.code(),
             EngineError::ShuttingDown => ErrorCode::Unavailable,
             EngineError::Internal(_) | EngineError::Store(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// How long a refused caller should wait before trying again (an HTTP
+    /// front end sends it as `Retry-After`), for errors that pass.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            EngineError::Quota(q) => Some(q.retry_after_secs()),
+            // The uid ranges free up as sandboxes end.
+            EngineError::Exhausted(_) => Some(crate::engine::FREED_RETRY_SECS),
+            _ => None,
         }
     }
 

@@ -13,8 +13,11 @@ pub mod park;
 pub mod plan;
 pub mod runtime;
 pub mod template;
+pub mod tenancy;
 
 pub use api::{Caller, ExecStream, SandboxApi};
+pub use engine::Admission;
+pub use engine::QuotaError;
 pub use engine::{
     check_pool_name, start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport,
     DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
@@ -22,3 +25,4 @@ pub use engine::{
 pub use error::EngineError;
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;
+pub use tenancy::{TenancyApi, TenancyError};

@@ -1,10 +1,19 @@
 //! Who is calling, and whether they may.
 //!
 //! Each listener attaches a [`Peer`] to every request of a connection (axum's
-//! connect info). The [`authenticate`] middleware turns it into a [`Caller`]
-//! for the audit trail and, for anything but the unix socket, demands the
-//! bearer token. The unix socket needs no token: its file mode and owner
-//! decide who can connect, and the kernel tells us the peer's uid.
+//! connect info). The [`authenticate`] middleware turns it and the request's
+//! `Authorization` header into a [`Caller`], which handlers and extractors
+//! read from the request's extensions:
+//!
+//! * `Bearer mfk_…` (an API key), on either listener: the key's tenant and
+//!   admin flag, named `key:<id>`; a wrong or revoked key is a 401.
+//! * No key, unix socket: the host's operator (admin, tenant `default`). The
+//!   socket's file mode and owner decide who can connect, and the kernel
+//!   tells us the peer's uid.
+//! * No key, TCP: the daemon's bearer token, which also stands for the
+//!   host's operator; anything else is a 401.
+//!
+//! A key is never logged: only its id, in the caller's name.
 
 use std::net::SocketAddr;
 
@@ -16,7 +25,7 @@ use axum::serve::IncomingStream;
 use http::request::Parts;
 use http::{header, HeaderValue};
 use mayfly_engine::Caller;
-use mayfly_types::ErrorCode;
+use mayfly_types::{ErrorCode, KEY_PREFIX};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::{AppError, AppState};
@@ -87,26 +96,74 @@ pub(crate) async fn authenticate(
         .extensions()
         .get::<ConnectInfo<Peer>>()
         .map(|ConnectInfo(p)| p.clone());
-    let caller = match peer {
-        Some(p @ Peer::Unix { .. }) => p.caller(),
-        Some(p @ Peer::Tcp { .. }) => match check_bearer(&req, state.opts.tcp_token.as_deref()) {
-            Ok(()) => p.caller(),
-            Err(e) => return unauthorized(e),
-        },
-        None => match check_bearer(&req, state.opts.tcp_token.as_deref()) {
-            Ok(()) => Caller::new("tcp:unknown"),
-            Err(e) => return unauthorized(e),
+    let caller = match api_key(&req) {
+        Some(key) => by_key(&state, key).await,
+        None => match peer {
+            Some(p @ Peer::Unix { .. }) => Ok(p.caller()),
+            Some(p @ Peer::Tcp { .. }) => {
+                check_bearer(&req, state.opts.tcp_token.as_deref()).map(|()| p.caller())
+            }
+            None => check_bearer(&req, state.opts.tcp_token.as_deref())
+                .map(|()| Caller::new("tcp:unknown")),
         },
     };
-    req.extensions_mut().insert(caller);
-    next.run(req).await
+    match caller {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => refused(e),
+    }
 }
 
-fn unauthorized(e: AppError) -> Response {
+/// The API key the request presents, if its bearer token is one.
+fn api_key(req: &Request) -> Option<&str> {
+    req.headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .filter(|t| t.starts_with(KEY_PREFIX))
+}
+
+async fn by_key(state: &AppState, key: &str) -> Result<Caller, AppError> {
+    let Some(tenancy) = state.api.tenancy() else {
+        return Err(AppError::new(
+            ErrorCode::Unauthenticated,
+            "this daemon does not accept API keys",
+        ));
+    };
+    Ok(tenancy.authenticate(key).await?)
+}
+
+fn refused(e: AppError) -> Response {
     let mut resp = e.into_response();
-    resp.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    if resp.status() == http::StatusCode::UNAUTHORIZED {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     resp
+}
+
+/// The authenticated caller of an admin route: manages keys, tenants and
+/// pools. Anyone else gets a 403.
+#[derive(Debug, Clone)]
+pub(crate) struct Admin(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Admin {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Who(caller) = Who::from_request_parts(parts, state).await?;
+        if caller.admin {
+            Ok(Admin(caller))
+        } else {
+            Err(AppError::new(
+                ErrorCode::PermissionDenied,
+                "this route needs an admin API key (or the daemon's unix socket without a key)",
+            ))
+        }
+    }
 }
 
 fn check_bearer(req: &Request, token: Option<&str>) -> Result<(), AppError> {

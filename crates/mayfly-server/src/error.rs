@@ -20,6 +20,8 @@ pub(crate) struct AppError {
     body: ApiError,
     /// What really went wrong, for the log only (internal errors).
     detail: Option<String>,
+    /// Seconds for a `Retry-After` header (quotas, host limits).
+    retry_after: Option<u64>,
 }
 
 /// The detail of an internal error, carried from the handler to the logging
@@ -34,6 +36,7 @@ impl AppError {
             status: status_of(code),
             body: ApiError::new(code, message),
             detail: None,
+            retry_after: None,
         }
     }
 
@@ -58,6 +61,7 @@ impl AppError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             body: ApiError::new(ErrorCode::Internal, GENERIC_INTERNAL),
             detail: Some(detail.into()),
+            retry_after: None,
         }
     }
 
@@ -93,6 +97,7 @@ impl From<EngineError> for AppError {
             status: status_of(body.code),
             body,
             detail,
+            retry_after: e.retry_after_secs(),
         }
     }
 }
@@ -100,6 +105,10 @@ impl From<EngineError> for AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, Json(self.body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if let Some(detail) = self.detail {
             resp.extensions_mut().insert(InternalDetail(detail));
         }
@@ -184,6 +193,21 @@ mod tests {
         assert_eq!(e.body().code, ErrorCode::NotFound);
         assert!(e.body().message.contains("mf-abcdefghjkmn"));
         assert!(e.detail.is_none());
+        assert!(e.retry_after.is_none());
+    }
+
+    #[test]
+    fn a_quota_refusal_is_a_429_with_retry_after() {
+        let e = AppError::from(EngineError::Quota(mayfly_engine::QuotaError::Rate {
+            tenant: "acme".into(),
+            per_min: 2,
+            retry_after_secs: 17,
+        }));
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.body().code, ErrorCode::ResourceExhausted);
+        assert!(e.body().message.contains("2 creates per minute"), "{e:?}");
+        let resp = e.into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "17");
     }
 
     #[test]

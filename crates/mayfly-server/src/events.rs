@@ -6,6 +6,7 @@ use mayfly_types::{ApiError, Event, ExecAudit};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use crate::auth::Who;
 use crate::extract::{QueryParams, SandboxPath};
 use crate::sandboxes::IdParam;
 use crate::{AppError, AppState};
@@ -26,7 +27,8 @@ pub(crate) struct EventsQuery {
     limit: Option<u32>,
 }
 
-/// Lifecycle events, oldest first, after sequence number `since`.
+/// Lifecycle events, oldest first, after sequence number `since`: those of
+/// the caller's tenant's sandboxes, unless the caller is an admin.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery),
     responses(
         (status = 200, body = Vec<Event>),
@@ -34,6 +36,7 @@ pub(crate) struct EventsQuery {
     ))]
 pub(crate) async fn list_events(
     State(s): State<AppState>,
+    Who(caller): Who,
     QueryParams(q): QueryParams<EventsQuery>,
 ) -> Result<Json<Vec<Event>>, AppError> {
     let since = q.since.unwrap_or(0);
@@ -48,7 +51,13 @@ pub(crate) async fn list_events(
             "limit = {limit} is out of range; allowed is 1..={MAX_EVENT_LIMIT}"
         )));
     }
-    Ok(Json(s.api.events(since, limit).await?))
+    if caller.admin {
+        Ok(Json(s.api.events(since, limit).await?))
+    } else {
+        Ok(Json(
+            s.api.tenant_events(&caller.tenant, since, limit).await?,
+        ))
+    }
 }
 
 /// The exec audit trail of one sandbox: argv, exit, duration, bytes, caller.

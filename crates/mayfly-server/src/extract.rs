@@ -13,7 +13,8 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::HeaderMap;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
-use mayfly_types::SandboxId;
+use mayfly_engine::{Caller, EngineError};
+use mayfly_types::{check_key_id, check_tenant_name, SandboxId};
 use serde::de::DeserializeOwned;
 
 use crate::{AppError, AppState};
@@ -118,19 +119,24 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
     }
 }
 
-/// The `{id}` of a sandbox route, parsed into a [`SandboxId`].
+/// The `{id}` of a sandbox route, parsed into a [`SandboxId`], of a sandbox
+/// the caller may touch.
 ///
 /// A malformed id is a 400 here; a well-formed id the engine does not know
-/// is the engine's 404.
+/// is the engine's 404. Tenant isolation is enforced here, for every
+/// sandbox route at once: to a non-admin caller, another tenant's sandbox
+/// (or an unclaimed pool sandbox) answers exactly as a missing one does.
 #[derive(Debug)]
 pub(crate) struct SandboxPath(pub SandboxId);
 
-impl<S: Send + Sync> FromRequestParts<S> for SandboxPath {
+impl FromRequestParts<AppState> for SandboxPath {
     type Rejection = AppError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
         let params = path_params(parts, state).await?;
-        parse_id(&params).map(SandboxPath)
+        let id = parse_id(&params)?;
+        authorize(parts, state, &id).await?;
+        Ok(SandboxPath(id))
     }
 }
 
@@ -151,16 +157,18 @@ impl<S: Send + Sync> FromRequestParts<S> for PoolPath {
     }
 }
 
-/// The `{id}` and `{handle}` of a background-process route.
+/// The `{id}` and `{handle}` of a background-process route, of a sandbox
+/// the caller may touch (see [`SandboxPath`]).
 #[derive(Debug)]
 pub(crate) struct ProcessPath(pub SandboxId, pub u64);
 
-impl<S: Send + Sync> FromRequestParts<S> for ProcessPath {
+impl FromRequestParts<AppState> for ProcessPath {
     type Rejection = AppError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
         let params = path_params(parts, state).await?;
         let id = parse_id(&params)?;
+        authorize(parts, state, &id).await?;
         let raw = params
             .get("handle")
             .ok_or_else(|| AppError::internal("route has no {handle} parameter"))?;
@@ -171,6 +179,57 @@ impl<S: Send + Sync> FromRequestParts<S> for ProcessPath {
             ))
         })?;
         Ok(ProcessPath(id, handle))
+    }
+}
+
+/// Lets an admin caller at any sandbox and anyone else at their tenant's
+/// only; the refusal is the engine's own "does not exist".
+async fn authorize(parts: &Parts, state: &AppState, id: &SandboxId) -> Result<(), AppError> {
+    let caller = parts
+        .extensions
+        .get::<Caller>()
+        .ok_or_else(|| AppError::internal("the authentication layer did not run"))?;
+    if caller.admin {
+        return Ok(());
+    }
+    match state.api.owner_of(id).await {
+        Ok(Some(tenant)) if tenant == caller.tenant => Ok(()),
+        Ok(_) => Err(EngineError::NoSuchSandbox(id.clone()).into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The `{name}` of a tenant route: a valid tenant name, or a 400.
+#[derive(Debug)]
+pub(crate) struct TenantPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for TenantPath {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let mut params = path_params(parts, state).await?;
+        let name = params
+            .remove("name")
+            .ok_or_else(|| AppError::internal("route has no {name} parameter"))?;
+        check_tenant_name(&name).map_err(|e| AppError::invalid(e.to_string()))?;
+        Ok(TenantPath(name))
+    }
+}
+
+/// The `{id}` of a key route: a valid key id, or a 400.
+#[derive(Debug)]
+pub(crate) struct KeyPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let mut params = path_params(parts, state).await?;
+        let id = params
+            .remove("id")
+            .ok_or_else(|| AppError::internal("route has no {id} parameter"))?;
+        check_key_id(&id).map_err(|e| AppError::invalid(e.to_string()))?;
+        Ok(KeyPath(id))
     }
 }
 

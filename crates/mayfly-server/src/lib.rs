@@ -23,6 +23,7 @@ mod pools;
 mod processes;
 mod routes;
 mod sandboxes;
+mod tenancy;
 
 pub use auth::Peer;
 pub(crate) use error::AppError;

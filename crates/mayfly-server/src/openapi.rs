@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
-use crate::{events, exec, files, pools, processes, routes, sandboxes};
+use crate::{events, exec, files, pools, processes, routes, sandboxes, tenancy};
 
 /// Mayfly's API description. Every handler is listed; a test checks the
 /// document against the route table.
@@ -16,7 +16,9 @@ use crate::{events, exec, files, pools, processes, routes, sandboxes};
         title = "Mayfly",
         description = "Ephemeral isolated sandboxes. Served on a unix socket (no token; the \
             socket's mode guards it) and optionally on TCP, where every request needs \
-            `Authorization: Bearer <token>`. Every error is JSON `{code, message}`.",
+            `Authorization: Bearer <token>`. An API key (`Bearer mfk_…`, on either) acts \
+            for its tenant, which sees only its own sandboxes and is held to its quotas \
+            (429 with `Retry-After` past one). Every error is JSON `{code, message}`.",
     ),
     paths(
         routes::healthz,
@@ -46,6 +48,13 @@ use crate::{events, exec, files, pools, processes, routes, sandboxes};
         pools::list_pools,
         pools::set_pool,
         pools::drain_pool,
+        tenancy::list_tenants,
+        tenancy::get_tenant,
+        tenancy::put_tenant,
+        tenancy::delete_tenant,
+        tenancy::create_key,
+        tenancy::list_keys,
+        tenancy::revoke_key,
     ),
     components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
     modifiers(&BearerOnTcp),
@@ -57,6 +66,7 @@ use crate::{events, exec, files, pools, processes, routes, sandboxes};
         (name = "files", description = "Files and tar archives inside a sandbox."),
         (name = "events", description = "Lifecycle events and the exec audit trail."),
         (name = "pools", description = "Warm pools of booted, never-used sandboxes."),
+        (name = "tenants", description = "Tenants, their quotas, and API keys (admin only)."),
     ),
 )]
 pub struct ApiDoc;
@@ -72,7 +82,9 @@ impl Modify for BearerOnTcp {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("Required on TCP listeners only."))
+                    .description(Some(
+                        "The daemon's token (TCP only), or an API key `mfk_…` (either listener).",
+                    ))
                     .build(),
             ),
         );

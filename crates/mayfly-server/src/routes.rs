@@ -14,7 +14,8 @@ use mayfly_engine::SandboxApi;
 
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
 use crate::{
-    auth, events, exec, files, openapi, pools, processes, sandboxes, AppState, ServerOptions,
+    auth, events, exec, files, openapi, pools, processes, sandboxes, tenancy, AppState,
+    ServerOptions,
 };
 
 /// Builds the API router over `api`.
@@ -52,10 +53,12 @@ fn table() -> Routes {
     use pools::*;
     use processes::*;
     use sandboxes::*;
+    use tenancy::*;
     const SANDBOX: &str = "/v1/sandboxes/{id}";
     const PROCESSES: &str = "/v1/sandboxes/{id}/processes";
     const FILES: &str = "/v1/sandboxes/{id}/files";
     const ARCHIVE: &str = "/v1/sandboxes/{id}/archive";
+    const TENANT: &str = "/v1/tenants/{name}";
     Routes::default()
         .add(Method::GET, "/healthz", get(healthz))
         .add(Method::GET, "/openapi.json", get(openapi_json))
@@ -104,6 +107,13 @@ fn table() -> Routes {
         .add(Method::GET, "/v1/pools", get(list_pools))
         .add(Method::PUT, "/v1/pools/{name}", put(set_pool))
         .add(Method::POST, "/v1/pools/{name}/drain", post(drain_pool))
+        .add(Method::GET, "/v1/tenants", get(list_tenants))
+        .add(Method::GET, TENANT, get(get_tenant))
+        .add(Method::PUT, TENANT, put(put_tenant))
+        .add(Method::DELETE, TENANT, delete(delete_tenant))
+        .add(Method::POST, "/v1/keys", post(create_key))
+        .add(Method::GET, "/v1/keys", get(list_keys))
+        .add(Method::DELETE, "/v1/keys/{id}", delete(revoke_key))
 }
 
 /// A router under construction plus the list of what it serves.

@@ -29,7 +29,8 @@ pub(crate) struct ListQuery {
         (status = 400, description = "Invalid request or limits.", body = ApiError),
         (status = 413, description = "Body over 1 MiB.", body = ApiError),
         (status = 415, description = "Not `application/json`.", body = ApiError),
-        (status = 429, description = "A host limit was reached.", body = ApiError),
+        (status = 429, description = "A tenant quota or a host limit was reached; \
+            `Retry-After` says when to try again.", body = ApiError),
     ))]
 pub(crate) async fn create_sandbox(
     State(s): State<AppState>,
@@ -40,7 +41,8 @@ pub(crate) async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-/// List live sandboxes, or every recorded one with `?all=true`.
+/// List live sandboxes, or every recorded one with `?all=true`: the
+/// caller's tenant's only, unless the caller is an admin.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
     responses(
         (status = 200, body = SandboxList),
@@ -48,9 +50,13 @@ pub(crate) async fn create_sandbox(
     ))]
 pub(crate) async fn list_sandboxes(
     State(s): State<AppState>,
+    Who(caller): Who,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Json<SandboxList>, AppError> {
-    let sandboxes = s.api.list(q.all).await?;
+    let mut sandboxes = s.api.list(q.all).await?;
+    if !caller.admin {
+        sandboxes.retain(|sb| sb.tenant.as_deref() == Some(caller.tenant.as_str()));
+    }
     Ok(Json(SandboxList { sandboxes }))
 }
 

@@ -81,6 +81,15 @@ pub enum StoreError {
         source: IdError,
     },
 
+    #[error("a quota of {value} is more than the store can hold ({max})")]
+    QuotaTooLarge { value: u64, max: u64 },
+
+    #[error("four random key ids in a row were taken; the random source is broken")]
+    KeyIdCollisions,
+
+    #[error("the system's random source failed: {reason}")]
+    Random { reason: String },
+
     /// A row read back from the database does not decode. `id` is the row's
     /// key: the sandbox id, or the sequence number for events and execs.
     #[error("row `{id}` of table `{table}` has a corrupt `{field}`: {reason}")]

@@ -1,6 +1,6 @@
 //! Mayfly's embedded store: sandboxes and their state-machine transitions,
-//! the exec audit trail, and events, in one SQLite file under the state
-//! directory.
+//! the exec audit trail, events, and tenants with their API keys, in one
+//! SQLite file under the state directory.
 //!
 //! The daemon and a daemonless CLI may share the file at the same time, so
 //! every read-modify-write runs under `BEGIN IMMEDIATE` (the write lock is
@@ -12,6 +12,7 @@ mod error;
 mod migrate;
 mod row;
 mod sandboxes;
+mod tenants;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ use rusqlite::Connection;
 
 pub use error::StoreError;
 pub use sandboxes::{SandboxRecord, Transition};
+pub use tenants::{KeyCheck, NewKey, TenantRecord, TenantRemoval};
 
 /// The database file's name inside the state directory.
 pub const DB_FILE: &str = "mayfly.db";

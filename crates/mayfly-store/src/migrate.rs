@@ -119,6 +119,34 @@ CREATE INDEX sandboxes_live_tenant ON sandboxes (tenant) WHERE ",
         ";
 "
     ),
+    // 3: tenants with their quotas (NULL = unlimited), and API keys. A key
+    // is stored as the SHA-256 of its 32 random secret bytes, never in
+    // clear. Keys outlive their tenant as revoked rows (for the audit
+    // trail's `key:<id>` callers), so there is no foreign key.
+    "
+CREATE TABLE tenants (
+    name                TEXT PRIMARY KEY NOT NULL,
+    max_live            INTEGER CHECK (max_live >= 0),
+    max_creates_per_min INTEGER CHECK (max_creates_per_min >= 0),
+    max_cpu_millis      INTEGER CHECK (max_cpu_millis >= 0),
+    max_memory_bytes    INTEGER CHECK (max_memory_bytes >= 0),
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL
+) STRICT;
+-- The host operator's tenant: callers without a key.
+INSERT INTO tenants (name, created_at, updated_at) VALUES ('default', 0, 0);
+
+CREATE TABLE api_keys (
+    id            TEXT PRIMARY KEY NOT NULL,
+    tenant        TEXT NOT NULL,
+    admin         INTEGER NOT NULL CHECK (admin IN (0, 1)),
+    secret_sha256 BLOB NOT NULL CHECK (length(secret_sha256) = 32),
+    created_at    INTEGER NOT NULL,
+    revoked_at    INTEGER,
+    last_used_at  INTEGER
+) STRICT;
+CREATE INDEX api_keys_tenant ON api_keys (tenant);
+",
 ];
 
 /// Brings the database up to the last version in [`MIGRATIONS`], or refuses

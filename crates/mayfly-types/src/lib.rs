@@ -12,6 +12,7 @@ mod id;
 mod limits;
 mod pool;
 mod sandbox;
+mod tenant;
 
 pub use bytes::Bytes64;
 pub use error::{ApiError, ErrorCode};
@@ -27,6 +28,11 @@ pub use pool::{PoolInfo, PoolList, PoolSpec};
 pub use sandbox::{
     CreateRequest, KeepaliveRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState,
     TemplateError, TemplateRef, TtlError,
+};
+pub use tenant::{
+    check_key_id, check_tenant_name, CreateKeyRequest, CreatedKey, KeyIdError, KeyInfo, KeyList,
+    TenantInfo, TenantList, TenantNameError, TenantQuotas, TenantUsage, KEY_ID_LEN, KEY_PREFIX,
+    MAX_COUNT_QUOTA, MAX_TENANT_NAME, MAX_TOTAL_QUOTA,
 };
 
 /// Milliseconds since the Unix epoch; the one time unit on the wire.

@@ -21,6 +21,9 @@ pub struct Cli {
     /// Bearer token for --url.
     #[arg(long, global = true, env = "MAYFLY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// An API key (`mfk_…`): act as its tenant, on the socket or --url.
+    #[arg(long, global = true, env = "MAYFLY_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// State directory (store, sandbox layers) for the daemon and daemonless runs.
     #[arg(
         long,
@@ -83,6 +86,12 @@ pub enum Command {
     /// Remove what daemonless runs keep ready: parked sandboxes and spare
     /// namespaces.
     Prune,
+    /// Manage tenants and their quotas (admin).
+    #[command(subcommand)]
+    Tenant(crate::cmd_admin::TenantCmd),
+    /// Manage API keys (admin).
+    #[command(subcommand)]
+    Key(crate::cmd_admin::KeyCmd),
     /// Boot a sandbox and keep it parked for the next daemonless run
     /// (started by runs themselves).
     #[command(hide = true)]
@@ -284,9 +293,13 @@ pub struct CpArgs {
 impl Cli {
     /// A client for the configured daemon.
     pub fn client(&self) -> anyhow::Result<Client> {
-        match &self.url {
-            Some(url) => Ok(Client::tcp(url, self.token.as_deref())?),
-            None => Ok(Client::unix(&self.socket)),
+        let client = match &self.url {
+            Some(url) => Client::tcp(url, self.token.as_deref())?,
+            None => Client::unix(&self.socket),
+        };
+        match &self.api_key {
+            Some(key) => Ok(client.with_api_key(key)?),
+            None => Ok(client),
         }
     }
 

@@ -11,7 +11,7 @@ pub fn parse_id(s: &str) -> anyhow::Result<SandboxId> {
     Ok(s.parse::<SandboxId>()?)
 }
 
-pub fn client(cli: &Cli) -> anyhow::Result<mayfly_client::Client> {
+pub(crate) fn client(cli: &Cli) -> anyhow::Result<mayfly_client::Client> {
     if !cli.daemon_reachable() {
         anyhow::bail!(
             "no Mayfly daemon answers at {}; start one with `mayfly serve` (or use `mayfly run`, which works without one)",

@@ -4,6 +4,7 @@
 //! the daemon (through `mayfly-client`), print the answer.
 
 mod cli;
+mod cmd_admin;
 mod cmd_cp;
 mod cmd_park;
 mod cmd_pool;
@@ -89,6 +90,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
             Command::Pool(ref c) => cmd_pool::pool(&cli, c).await,
+            Command::Tenant(ref c) => cmd_admin::tenant(&cli, c).await,
+            Command::Key(ref c) => cmd_admin::key(&cli, c).await,
             Command::Park(_) | Command::Prune => unreachable!("handled before the runtime"),
         }
     });

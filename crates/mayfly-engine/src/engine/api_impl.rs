@@ -327,6 +327,23 @@ impl SandboxApi for Engine {
     ) -> Result<mayfly_types::PoolInfo, EngineError> {
         Engine::drain_pool(self, name, caller)
     }
+
+    async fn owner_of(&self, id: &SandboxId) -> Result<Option<String>, EngineError> {
+        self.owner(id)
+    }
+
+    async fn tenant_events(
+        &self,
+        tenant: &str,
+        since: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, EngineError> {
+        self.events_of(tenant, since, limit)
+    }
+
+    fn tenancy(&self) -> Option<&dyn crate::TenancyApi> {
+        Some(self)
+    }
 }
 
 impl Engine {

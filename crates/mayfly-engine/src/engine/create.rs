@@ -187,8 +187,10 @@ impl Engine {
         if let Some(info) = self.claim_from_pool(&boot, caller, t0)? {
             return Ok(info);
         }
+        // The daemon's cap and the tenant's quotas; given back on any failure.
+        let admission = self.admit(caller, &boot.limits)?;
         let _fg = self.foreground();
-        self.boot(boot, caller, t0).await
+        self.boot(boot, admission, caller, t0).await
     }
 
     /// Validates a create request into what to boot.
@@ -238,9 +240,12 @@ impl Engine {
 
     /// Boots a sandbox: record, stub, plans, init, ready. `t0` is when the
     /// request arrived.
+    /// `admission` holds its place under the daemon's cap (and its tenant's
+    /// quotas); it is committed once the sandbox is live.
     pub(crate) async fn boot(
         &self,
         boot: Boot,
+        admission: super::quota::Admission,
         caller: &Caller,
         t0: Instant,
     ) -> Result<SandboxInfo, EngineError> {
@@ -256,12 +261,6 @@ impl Engine {
             tenant,
             pool,
         } = boot;
-        if self.live().len() as u32 >= cfg.slots() {
-            return Err(EngineError::Exhausted(format!(
-                "{} sandboxes are alive, the most this daemon allows",
-                cfg.slots()
-            )));
-        }
 
         // The stub fixes the sandbox's id. The record, the uid lease and the
         // plan are made while the stub may still be in the making (a
@@ -400,6 +399,7 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone(), sb.clone());
+        admission.commit(&id);
         // When init's channel closes without a destroy, the sandbox died.
         let engine = self.clone();
         tokio::spawn(async move {

@@ -41,6 +41,7 @@ impl Engine {
         if !sb.begin_stop() {
             return false;
         }
+        self.stop_quota(&sb.id);
         let _ = self
             .inner
             .store
@@ -76,6 +77,7 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&sb.id);
+        self.release_quota(&sb.id);
         record_end(store, &sb.id, reason, cgroup_ok)?;
         sb.done.store(true, Ordering::SeqCst);
         sb.destroyed.notify_waiters();

@@ -11,11 +11,13 @@ mod leases;
 mod owner;
 mod pool;
 mod processes;
+mod quota;
 pub(crate) mod reaper;
 mod recovery;
 mod refill;
 mod sandbox;
 mod stubs;
+mod tenants;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +32,8 @@ use mayfly_types::SandboxId;
 pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
 pub use pool::{check_pool_name, DEFAULT_REFILL_CONCURRENCY, MAX_REFILL_CONCURRENCY};
+pub(crate) use quota::FREED_RETRY_SECS;
+pub use quota::{Admission, QuotaError};
 pub use reaper::Detached;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
@@ -64,6 +68,8 @@ struct Inner {
     reapers: std::sync::Mutex<HashMap<SandboxId, reaper::PendingReaper>>,
     /// Warm pools of booted, unclaimed sandboxes.
     pools: pool::Pools,
+    /// Tenant quotas, usage and who owns each live sandbox (admission).
+    quotas: Arc<std::sync::Mutex<quota::Ledger>>,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
 }
@@ -158,6 +164,7 @@ impl Engine {
             _ => None,
         };
         let store = Store::open(&cfg.state_dir)?;
+        let quotas = Arc::new(std::sync::Mutex::new(Engine::load_ledger(&store)?));
         let mut inner = Inner {
             cfg,
             store,
@@ -173,6 +180,7 @@ impl Engine {
             stubs: stubs::StubPool::default(),
             reapers: std::sync::Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),
+            quotas,
             _lock: lock,
         };
         inner.recovery = recovery::reconcile(&inner);

@@ -143,6 +143,16 @@ impl Engine {
             let Some(sb) = self.lookup_any(&id).filter(|sb| !sb.is_stopping()) else {
                 continue;
             };
+            // The tenant's quotas hold for a claim as for a cold create (the
+            // sandbox already has its place under the daemon's cap). A
+            // refused claim puts the sandbox back, untouched.
+            let admission = match self.admit_claim(caller, &boot.limits) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.put_back(&pool, id, boot);
+                    return Err(e);
+                }
+            };
             let tenant = boot.tenant.clone().unwrap_or_default();
             *sb.env.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(base_env(&id, &boot.env));
             *sb.tenant.write().unwrap_or_else(|p| p.into_inner()) = Some(tenant.clone());
@@ -173,9 +183,26 @@ impl Engine {
                 self.destroy_in_background(sb, "claim_failed");
                 return Err(e.into());
             }
+            admission.commit(&id);
             sb.pooled.store(false, Ordering::SeqCst);
             return self.info(&id).map(Some);
         }
+    }
+
+    /// Returns an unclaimed sandbox to the front of its pool after a refused
+    /// claim, or destroys it if the pool changed meanwhile.
+    fn put_back(&self, pool: &str, id: SandboxId, boot: &Boot) {
+        {
+            let mut pools = self.lock_pools();
+            if let Some(p) = pools.get_mut(pool) {
+                if p.template == boot.template && p.limits == boot.limits {
+                    p.ready.push_front(id);
+                    p.claims = p.claims.saturating_sub(1);
+                    return;
+                }
+            }
+        }
+        self.evict(vec![id]);
     }
 
     /// Creates or changes pool `name`. A new template or new limits throw

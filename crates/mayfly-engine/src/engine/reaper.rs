@@ -205,6 +205,7 @@ impl Detached {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        self.engine.release_quota(id);
         self.sb.done.store(true, Ordering::SeqCst);
         self.sb.destroyed.notify_waiters();
         handed?;

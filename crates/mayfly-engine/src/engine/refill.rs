@@ -85,7 +85,10 @@ impl Engine {
             let engine = self.clone();
             let task = tokio::spawn(async move {
                 let caller = Caller::new(format!("pool:{name}"));
-                let booted = engine.boot(boot, &caller, Instant::now()).await;
+                let booted = match engine.admit_pool_fill(&boot.limits) {
+                    Ok(admission) => engine.boot(boot, admission, &caller, Instant::now()).await,
+                    Err(e) => Err(e),
+                };
                 engine.finish_boot(&name, generation, booted.map(|i| i.id));
             });
             // Shutdown waits for boots in flight, which then see it and

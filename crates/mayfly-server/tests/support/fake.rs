@@ -14,8 +14,14 @@
 //!
 //! Paths: `/internal` fails with an internal error, `/panic` panics, and a
 //! path containing `..` is invalid.
+//!
+//! Tenants and keys live in a real in-memory store (`fake_tenancy.rs`);
+//! creates honour a tenant's `max_live` quota.
 
 #![allow(dead_code)]
+
+#[path = "fake_tenancy.rs"]
+mod tenancy;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +42,7 @@ pub struct FakeEngine {
     state: Mutex<State>,
     next_id: AtomicU64,
     gate: Arc<Notify>,
+    tenancy: tenancy::FakeTenancy,
 }
 
 #[derive(Default)]
@@ -215,6 +222,7 @@ impl SandboxApi for FakeEngine {
         let limits = ResolvedLimits::DEFAULT
             .with(&req.limits)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.admit(caller)?;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut entropy = [0u8; 12];
         for (i, b) in entropy.iter_mut().enumerate() {
@@ -626,5 +634,9 @@ impl SandboxApi for FakeEngine {
         p.target = 0;
         p.ready = 0;
         Ok(p.clone())
+    }
+
+    fn tenancy(&self) -> Option<&dyn mayfly_engine::TenancyApi> {
+        Some(self)
     }
 }

@@ -5,6 +5,7 @@ mod corrupt;
 mod lifecycle;
 mod migrations;
 mod slots;
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

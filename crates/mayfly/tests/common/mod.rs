@@ -9,6 +9,7 @@
 
 pub mod daemonless;
 pub mod host;
+pub mod keys;
 pub mod parked;
 pub mod tarball;
 
