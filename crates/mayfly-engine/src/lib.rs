@@ -14,7 +14,7 @@ pub mod plan;
 pub mod runtime;
 pub mod template;
 
-pub use api::{Caller, ExecStream, SandboxApi};
+pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
 pub use engine::{
     start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport, DEFAULT_SPARE_NS_DIR,
 };

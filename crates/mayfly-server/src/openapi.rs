@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
-use crate::{events, exec, files, processes, routes, sandboxes};
+use crate::{events, exec, files, metrics, observe, processes, routes, sandboxes};
 
 /// Mayfly's API description. Every handler is listed; a test checks the
 /// document against the route table.
@@ -21,6 +21,7 @@ use crate::{events, exec, files, processes, routes, sandboxes};
     paths(
         routes::healthz,
         routes::openapi_json,
+        metrics::metrics,
         sandboxes::create_sandbox,
         sandboxes::list_sandboxes,
         sandboxes::get_sandbox,
@@ -42,16 +43,18 @@ use crate::{events, exec, files, processes, routes, sandboxes};
         files::download_archive,
         events::list_events,
         events::list_audit,
+        observe::usage,
+        observe::stats,
     ),
     components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
     modifiers(&BearerOnTcp),
     tags(
-        (name = "meta", description = "Health and this document."),
+        (name = "meta", description = "Health, metrics and this document."),
         (name = "sandboxes", description = "Sandbox lifecycle."),
         (name = "exec", description = "Foreground commands, buffered or streamed."),
         (name = "processes", description = "Background commands."),
         (name = "files", description = "Files and tar archives inside a sandbox."),
-        (name = "events", description = "Lifecycle events and the exec audit trail."),
+        (name = "events", description = "Lifecycle events, the exec audit trail, and stats."),
     ),
 )]
 pub struct ApiDoc;

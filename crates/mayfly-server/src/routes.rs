@@ -13,7 +13,10 @@ use http::Method;
 use mayfly_engine::SandboxApi;
 
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
-use crate::{auth, events, exec, files, openapi, processes, sandboxes, AppState, ServerOptions};
+use crate::{
+    auth, events, exec, files, metrics, observe, openapi, processes, sandboxes, AppState,
+    ServerOptions,
+};
 
 /// Builds the API router over `api`.
 ///
@@ -22,6 +25,7 @@ use crate::{auth, events, exec, files, openapi, processes, sandboxes, AppState, 
 /// like TCP ones: they need the bearer token.
 pub fn app(api: Arc<dyn SandboxApi>, opts: ServerOptions) -> Router {
     let state = AppState {
+        metrics: Arc::new(crate::metrics::Metrics::new(&api)),
         api,
         opts: Arc::new(opts),
     };
@@ -56,6 +60,7 @@ fn table() -> Routes {
     Routes::default()
         .add(Method::GET, "/healthz", get(healthz))
         .add(Method::GET, "/openapi.json", get(openapi_json))
+        .add(Method::GET, "/metrics", get(metrics::metrics))
         .add(Method::POST, "/v1/sandboxes", post(create_sandbox))
         .add(Method::GET, "/v1/sandboxes", get(list_sandboxes))
         .add(Method::GET, SANDBOX, get(get_sandbox))
@@ -93,6 +98,8 @@ fn table() -> Routes {
         .add(Method::GET, ARCHIVE, get(download_archive))
         .add(Method::GET, "/v1/events", get(list_events))
         .add(Method::GET, "/v1/sandboxes/{id}/audit", get(list_audit))
+        .add(Method::GET, "/v1/sandboxes/{id}/usage", get(observe::usage))
+        .add(Method::GET, "/v1/stats", get(observe::stats))
 }
 
 /// A router under construction plus the list of what it serves.

@@ -12,6 +12,7 @@ mod id;
 mod limits;
 mod pool;
 mod sandbox;
+mod usage;
 
 pub use bytes::Bytes64;
 pub use error::{ApiError, ErrorCode};
@@ -27,6 +28,10 @@ pub use pool::{PoolInfo, PoolList, PoolSpec};
 pub use sandbox::{
     CreateRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState, TemplateError,
     TemplateRef, TtlError,
+};
+pub use usage::{
+    DiskUsage, ExecCounts, Percentiles, SandboxUsage, SpinUp, StatsReport, TaskStats, TaskWindow,
+    TASK_LABEL, TASK_WINDOW_MS,
 };
 
 /// Milliseconds since the Unix epoch; the one time unit on the wire.

@@ -9,6 +9,8 @@ mod cmd_park;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_serve;
+mod cmd_stats;
+mod cmd_top;
 mod output;
 
 use clap::Parser;
@@ -86,6 +88,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Inspect(ref a) => cmd_sandbox::inspect(&cli, a).await,
             Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
+            Command::Top(ref a) => cmd_top::top(&cli, a).await,
+            Command::Stats(ref a) => cmd_stats::stats(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
             Command::Park(_) | Command::Prune => unreachable!("handled before the runtime"),
         }

@@ -314,9 +314,7 @@ impl Engine {
         let engine = self.clone();
         tokio::spawn(async move {
             conn.run_reader().await;
-            if !sb.is_stopping() {
-                let _ = engine.destroy_sandbox(sb, "init_exited").await;
-            }
+            engine.init_died(sb).await;
         });
         let t_up = t0.elapsed();
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
@@ -324,7 +322,7 @@ impl Engine {
             &id,
             pid as u32,
             create_ms,
-            &serde_json::json!({"create_ms": create_ms, "caller": caller.name, "template": template.to_string()}),
+            &serde_json::json!({"create_ms": create_ms, "caller": caller.name, "template": template.to_string(), "source": "cold"}),
         )?;
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
         self.refill_stubs();
@@ -370,7 +368,7 @@ impl Engine {
             Some(&e.to_string()),
             (
                 "failed",
-                &serde_json::json!({"error": e.to_string(), "caller": caller.name}),
+                &serde_json::json!({"error": e.to_string(), "caller": caller.name, "reason": e.code()}),
             ),
         );
         e

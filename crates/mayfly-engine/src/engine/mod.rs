@@ -8,6 +8,7 @@ mod destroy;
 mod early;
 mod exec;
 mod leases;
+mod oom;
 mod owner;
 mod pool;
 mod processes;
@@ -15,6 +16,7 @@ pub(crate) mod reaper;
 mod recovery;
 mod sandbox;
 mod stubs;
+mod usage;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
