@@ -81,10 +81,12 @@ impl Engine {
             };
             let r = engine.pump(&sb, started, opts, out).await;
             engine.audit_exec(&sb, &spec.argv, Ok(&r), &caller);
-            // A command killed while init lives may be the OOM killer's
-            // victim; one that died with init is looked at by `init_died`.
-            if r.status.signal == Some(libc::SIGKILL) && !r.status.timed_out && !sb.conn.is_closed()
-            {
+            // A command killed while init lives (or a shell reporting a
+            // child's SIGKILL as 137) may be the OOM killer's victim; one
+            // that died with init is looked at by `init_died`.
+            let killed = r.status.signal == Some(libc::SIGKILL)
+                || r.status.exit_code == Some(128 + libc::SIGKILL);
+            if killed && !r.status.timed_out && !sb.conn.is_closed() {
                 engine.check_oom_after_kill(&sb);
             }
             r
