@@ -82,14 +82,12 @@ impl Metrics {
                 None
             }
         };
-        let mut registry = Registry::default();
-        let create = Histograms::new_with_constructor(histogram as fn() -> Histogram);
-        let (claim, exec, destroy) = (histogram(), histogram(), histogram());
-        let m = Metrics {
-            create,
-            claim,
-            exec,
-            destroy,
+        let mut m = Metrics {
+            registry: Registry::default(),
+            create: Histograms::new_with_constructor(histogram as fn() -> Histogram),
+            claim: histogram(),
+            exec: histogram(),
+            destroy: histogram(),
             live: Family::default(),
             pool_ready: Family::default(),
             pool_target: Family::default(),
@@ -99,63 +97,91 @@ impl Metrics {
             ttl_kills: Counter::default(),
             ended: Family::default(),
             feed: tokio::sync::Mutex::new(feed),
-            registry: Registry::default(),
         };
-        // prometheus-client ends each help text with a period of its own.
-        let s = Unit::Seconds;
-        registry.register_with_unit("mayfly_create", "Create to ready, by where the sandbox came from (cold: booted on request; pool: claimed from a warm pool)", s.clone(), m.create.clone());
-        registry.register_with_unit(
-            "mayfly_claim",
-            "Claims of a sandbox from a warm pool",
-            s.clone(),
-            m.claim.clone(),
-        );
-        registry.register_with_unit("mayfly_exec", "Exec round trip as the server sees it: request to result, or to the exit event of a stream", s.clone(), m.exec.clone());
-        registry.register_with_unit(
-            "mayfly_destroy",
-            "Destroy, from the kill to the sandbox's end being recorded",
-            s,
-            m.destroy.clone(),
-        );
-        registry.register("mayfly_live_sandboxes", "Live sandboxes (creating, ready or stopping) by tenant (unclaimed: waiting in a pool) and template", m.live.clone());
-        registry.register(
-            "mayfly_pool_ready",
-            "Booted, unclaimed sandboxes in each warm pool",
-            m.pool_ready.clone(),
-        );
-        registry.register(
-            "mayfly_pool_target",
-            "How many unclaimed sandboxes each warm pool keeps",
-            m.pool_target.clone(),
-        );
-        registry.register(
-            "mayfly_creates",
-            "Sandboxes created, by where they came from",
-            m.creates.clone(),
-        );
-        registry.register(
-            "mayfly_create_failures",
-            "Creates that failed after their sandbox was recorded, by error code",
-            m.create_failures.clone(),
-        );
-        registry.register(
-            "mayfly_oom_kills",
-            "Processes killed by the OOM killer inside sandboxes",
-            m.oom_kills.clone(),
-        );
-        registry.register(
-            "mayfly_ttl_kills",
-            "Sandboxes destroyed because their TTL ran out",
-            m.ttl_kills.clone(),
-        );
-        registry.register("mayfly_sandboxes_ended", "Sandboxes that ended, by why (user, ttl, oom, init_exited, daemon_shutdown and others)", m.ended.clone());
+        m.register();
         // Both sources show from the first scrape, at zero.
         for source in ["cold", "pool"] {
             let label = [("source", source.to_owned())];
             let _ = m.creates.get_or_create(&label);
             let _ = m.create.get_or_create(&label);
         }
-        Metrics { registry, ..m }
+        m
+    }
+
+    /// Names and describes every metric in the registry. prometheus-client
+    /// ends each help text with a period of its own, and `_seconds` and
+    /// `_total` come from the unit and the type.
+    fn register(&mut self) {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
+        r.register_with_unit(
+            "mayfly_create",
+            "Create to ready, by where the sandbox came from \
+             (cold: booted on request; pool: claimed from a warm pool)",
+            s(),
+            self.create.clone(),
+        );
+        r.register_with_unit(
+            "mayfly_claim",
+            "Claims of a sandbox from a warm pool",
+            s(),
+            self.claim.clone(),
+        );
+        r.register_with_unit(
+            "mayfly_exec",
+            "Exec round trip as the server sees it: request to result, \
+             or to the exit event of a stream",
+            s(),
+            self.exec.clone(),
+        );
+        r.register_with_unit(
+            "mayfly_destroy",
+            "Destroy, from the kill to the sandbox's end being recorded",
+            s(),
+            self.destroy.clone(),
+        );
+        r.register(
+            "mayfly_live_sandboxes",
+            "Live sandboxes (creating, ready or stopping) by tenant \
+             (unclaimed: waiting in a pool) and template",
+            self.live.clone(),
+        );
+        r.register(
+            "mayfly_pool_ready",
+            "Booted, unclaimed sandboxes in each warm pool",
+            self.pool_ready.clone(),
+        );
+        r.register(
+            "mayfly_pool_target",
+            "How many unclaimed sandboxes each warm pool keeps",
+            self.pool_target.clone(),
+        );
+        r.register(
+            "mayfly_creates",
+            "Sandboxes created, by where they came from",
+            self.creates.clone(),
+        );
+        r.register(
+            "mayfly_create_failures",
+            "Creates that failed after their sandbox was recorded, by error code",
+            self.create_failures.clone(),
+        );
+        r.register(
+            "mayfly_oom_kills",
+            "Processes killed by the OOM killer inside sandboxes",
+            self.oom_kills.clone(),
+        );
+        r.register(
+            "mayfly_ttl_kills",
+            "Sandboxes destroyed because their TTL ran out",
+            self.ttl_kills.clone(),
+        );
+        r.register(
+            "mayfly_sandboxes_ended",
+            "Sandboxes that ended, by why (user, ttl, oom, init_exited, \
+             daemon_shutdown and others)",
+            self.ended.clone(),
+        );
     }
 
     /// Times one exec round trip.
