@@ -128,15 +128,15 @@ impl ExecStream {
 
 /// One dispatched server-sent event.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct RawEvent {
-    name: String,
-    data: String,
+pub(crate) struct RawEvent {
+    pub(crate) name: String,
+    pub(crate) data: String,
 }
 
 /// An incremental SSE parser: push bytes as they arrive, take events out as
 /// soon as their terminating blank line is in.
 #[derive(Debug, Default)]
-struct Parser {
+pub(crate) struct Parser {
     buf: BytesMut,
     /// How much of `buf` is known to hold no newline.
     scanned: usize,
@@ -145,12 +145,12 @@ struct Parser {
 }
 
 impl Parser {
-    fn push(&mut self, bytes: &[u8]) {
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
     }
 
     /// The next complete event, if the buffer holds one.
-    fn next(&mut self) -> Result<Option<RawEvent>, &'static str> {
+    pub(crate) fn next(&mut self) -> Result<Option<RawEvent>, &'static str> {
         while let Some(line) = self.line()? {
             if line.is_empty() {
                 let ev = std::mem::take(&mut self.pending);

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
     PoolInfo, PoolSpec, ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo,
-    StartProcessRequest, UploadSummary,
+    SandboxUsage, StartProcessRequest, StatsReport, UploadSummary,
 };
 use tokio::sync::mpsc;
 
@@ -47,6 +47,11 @@ impl Caller {
         }
     }
 }
+
+/// A subscription to lifecycle events as they are committed: a broadcast
+/// receiver of every event after `head`, the highest sequence number stored
+/// when it began (read those up to it with [`SandboxApi::events`]).
+pub use mayfly_store::Subscription as EventSubscription;
 
 /// A streamed exec: events in order, ending with exactly one `ExecEvent::Exit`
 /// (or with the channel closing if the sandbox died underneath it).
@@ -204,4 +209,20 @@ pub trait SandboxApi: Send + Sync + 'static {
     fn tenancy(&self) -> Option<&dyn crate::TenancyApi> {
         None
     }
+
+    /// Subscribes to lifecycle events as their transactions commit, in
+    /// sequence order; a subscriber that lags reads the rest with
+    /// [`SandboxApi::events`].
+    fn subscribe_events(&self) -> Result<EventSubscription, EngineError>;
+    /// What a live sandbox uses now: CPU, memory, pids, OOM kills, disk.
+    async fn usage(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError>;
+    /// Spin-up percentiles, exec counts and iterations per five-minute
+    /// window over the `window` that ends now, optionally for one `task`
+    /// label; a caller who is not an admin sees only their tenant's.
+    async fn stats(
+        &self,
+        window: std::time::Duration,
+        task: Option<&str>,
+        caller: &Caller,
+    ) -> Result<StatsReport, EngineError>;
 }

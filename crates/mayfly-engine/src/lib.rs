@@ -15,7 +15,7 @@ pub mod runtime;
 pub mod template;
 pub mod tenancy;
 
-pub use api::{Caller, ExecStream, SandboxApi};
+pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
 pub use engine::Admission;
 pub use engine::QuotaError;
 pub use engine::{

@@ -37,6 +37,7 @@ use utoipa::IntoParams;
 
 use crate::auth::Who;
 use crate::extract::{JsonBody, QueryParams, SandboxPath};
+use crate::metrics::ExecTimer;
 use crate::sandboxes::IdParam;
 use crate::{AppError, AppState};
 
@@ -79,18 +80,21 @@ pub(crate) async fn exec(
     headers: HeaderMap,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, AppError> {
+    let timer = ExecTimer::start(&s.metrics);
     if q.stream || accepts_event_stream(&headers) {
         let rx = s.api.exec_stream(&id, req, &caller).await?;
-        Ok(Sse::new(sse_events(rx))
+        Ok(Sse::new(sse_events(rx, timer))
             .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
             .into_response())
     } else {
-        Ok(Json(s.api.exec(&id, req, &caller).await?).into_response())
+        let result = s.api.exec(&id, req, &caller).await?;
+        timer.done();
+        Ok(Json(result).into_response())
     }
 }
 
 /// Whether any media range in `Accept` is `text/event-stream`.
-fn accepts_event_stream(headers: &HeaderMap) -> bool {
+pub(crate) fn accepts_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(ACCEPT)
         .iter()
@@ -105,10 +109,14 @@ fn accepts_event_stream(headers: &HeaderMap) -> bool {
 }
 
 /// Turns the engine's channel into SSE events, one per engine event, as they
-/// arrive. Ends after `exit`, or with `error` if the channel closes first.
-fn sse_events(rx: ExecStream) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    futures_util::stream::unfold(Some(rx), |rx| async move {
-        let mut rx = rx?;
+/// arrive. Ends after `exit` (the exec's round trip, timed by `timer`), or
+/// with `error` if the channel closes first.
+fn sse_events(
+    rx: ExecStream,
+    timer: ExecTimer,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    futures_util::stream::unfold(Some((rx, timer)), |state| async move {
+        let (mut rx, timer) = state?;
         let event = match rx.recv().await {
             Some(ExecEvent::Stdout(b)) => {
                 SseEvent::default().event("stdout").data(STANDARD.encode(b))
@@ -116,7 +124,10 @@ fn sse_events(rx: ExecStream) -> impl Stream<Item = Result<SseEvent, Infallible>
             Some(ExecEvent::Stderr(b)) => {
                 SseEvent::default().event("stderr").data(STANDARD.encode(b))
             }
-            Some(ExecEvent::Exit(result)) => return Some((Ok(exit_event(result)), None)),
+            Some(ExecEvent::Exit(result)) => {
+                timer.done();
+                return Some((Ok(exit_event(result)), None));
+            }
             None => {
                 let e = ApiError::new(
                     ErrorCode::Unavailable,
@@ -125,7 +136,7 @@ fn sse_events(rx: ExecStream) -> impl Stream<Item = Result<SseEvent, Infallible>
                 return Some((Ok(error_event(&e)), None));
             }
         };
-        Some((Ok(event), Some(rx)))
+        Some((Ok(event), Some((rx, timer))))
     })
 }
 

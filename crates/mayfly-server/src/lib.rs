@@ -8,6 +8,7 @@
 //! malformed input, unknown routes and wrong methods.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use mayfly_engine::SandboxApi;
 
@@ -16,8 +17,11 @@ mod error;
 mod events;
 mod exec;
 mod extract;
+mod feed;
 mod files;
 mod listen;
+mod metrics;
+mod observe;
 mod openapi;
 mod pools;
 mod processes;
@@ -28,6 +32,7 @@ mod tenancy;
 pub use auth::Peer;
 pub(crate) use error::AppError;
 pub use listen::{bind_tcp, bind_unix, serve, ListenError, Listener};
+pub use metrics::CONTENT_TYPE_OPENMETRICS;
 pub use openapi::ApiDoc;
 pub use routes::{app, route_table};
 
@@ -35,6 +40,9 @@ pub use routes::{app, route_table};
 pub const DEFAULT_JSON_BODY_LIMIT: usize = 1 << 20;
 /// A file or archive upload may be at most this large (1 GiB).
 pub const DEFAULT_FILE_BODY_LIMIT: usize = 1 << 30;
+/// An idle event stream sends a comment line this often, through proxies
+/// that would close a silent connection.
+pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// How the API behaves, independent of which sockets serve it.
 #[derive(Clone)]
@@ -46,6 +54,8 @@ pub struct ServerOptions {
     pub json_body_limit: usize,
     /// Cap on file and tar uploads; larger ones get 413.
     pub file_body_limit: usize,
+    /// How often an idle event stream sends a keep-alive comment.
+    pub sse_keep_alive: Duration,
 }
 
 impl Default for ServerOptions {
@@ -54,6 +64,7 @@ impl Default for ServerOptions {
             tcp_token: None,
             json_body_limit: DEFAULT_JSON_BODY_LIMIT,
             file_body_limit: DEFAULT_FILE_BODY_LIMIT,
+            sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
         }
     }
 }
@@ -65,6 +76,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("tcp_token", &self.tcp_token.as_ref().map(|_| "<redacted>"))
             .field("json_body_limit", &self.json_body_limit)
             .field("file_body_limit", &self.file_body_limit)
+            .field("sse_keep_alive", &self.sse_keep_alive)
             .finish()
     }
 }
@@ -74,4 +86,5 @@ impl std::fmt::Debug for ServerOptions {
 pub(crate) struct AppState {
     pub(crate) api: Arc<dyn SandboxApi>,
     pub(crate) opts: Arc<ServerOptions>,
+    pub(crate) metrics: Arc<metrics::Metrics>,
 }

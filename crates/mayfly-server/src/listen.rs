@@ -155,6 +155,12 @@ pub async fn bind_tcp(addr: SocketAddr) -> Result<Listener, ListenError> {
 
 type ServeFuture = Pin<Box<dyn Future<Output = Result<(), ListenError>> + Send>>;
 
+/// Turns `true` when the daemon stops serving, for requests that would
+/// otherwise never end (event streams): attached to every request by
+/// [`serve`], so graceful shutdown does not wait on them forever.
+#[derive(Clone)]
+pub(crate) struct Stopping(pub(crate) tokio::sync::watch::Receiver<bool>);
+
 /// Serves `app` on every listener until `shutdown` completes, then stops
 /// accepting, lets in-flight requests finish, and removes the unix socket.
 ///
@@ -190,6 +196,7 @@ fn serve_one(
 ) -> ServeFuture {
     let name = l.describe();
     tracing::info!(listener = %name, "serving the API");
+    let app = app.layer(axum::Extension(Stopping(stop.clone())));
     let signal = async move {
         // An error means the sender is gone, which also means stop.
         let _ = stop.wait_for(|stopped| *stopped).await;

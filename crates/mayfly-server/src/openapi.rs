@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
-use crate::{events, exec, files, pools, processes, routes, sandboxes, tenancy};
+use crate::{events, exec, files, metrics, observe, pools, processes, routes, sandboxes, tenancy};
 
 /// Mayfly's API description. Every handler is listed; a test checks the
 /// document against the route table.
@@ -23,6 +23,7 @@ use crate::{events, exec, files, pools, processes, routes, sandboxes, tenancy};
     paths(
         routes::healthz,
         routes::openapi_json,
+        metrics::metrics,
         sandboxes::create_sandbox,
         sandboxes::list_sandboxes,
         sandboxes::get_sandbox,
@@ -55,16 +56,18 @@ use crate::{events, exec, files, pools, processes, routes, sandboxes, tenancy};
         tenancy::create_key,
         tenancy::list_keys,
         tenancy::revoke_key,
+        observe::usage,
+        observe::stats,
     ),
     components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
     modifiers(&BearerOnTcp),
     tags(
-        (name = "meta", description = "Health and this document."),
+        (name = "meta", description = "Health, metrics and this document."),
         (name = "sandboxes", description = "Sandbox lifecycle."),
         (name = "exec", description = "Foreground commands, buffered or streamed."),
         (name = "processes", description = "Background commands."),
         (name = "files", description = "Files and tar archives inside a sandbox."),
-        (name = "events", description = "Lifecycle events and the exec audit trail."),
+        (name = "events", description = "Lifecycle events, the exec audit trail, and stats."),
         (name = "pools", description = "Warm pools of booted, never-used sandboxes."),
         (name = "tenants", description = "Tenants, their quotas, and API keys (admin only)."),
     ),

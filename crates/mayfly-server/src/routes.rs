@@ -14,8 +14,8 @@ use mayfly_engine::SandboxApi;
 
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
 use crate::{
-    auth, events, exec, files, openapi, pools, processes, sandboxes, tenancy, AppState,
-    ServerOptions,
+    auth, events, exec, files, metrics, observe, openapi, pools, processes, sandboxes, tenancy,
+    AppState, ServerOptions,
 };
 
 /// Builds the API router over `api`.
@@ -25,6 +25,7 @@ use crate::{
 /// like TCP ones: they need the bearer token.
 pub fn app(api: Arc<dyn SandboxApi>, opts: ServerOptions) -> Router {
     let state = AppState {
+        metrics: Arc::new(crate::metrics::Metrics::new(&api)),
         api,
         opts: Arc::new(opts),
     };
@@ -62,6 +63,7 @@ fn table() -> Routes {
     Routes::default()
         .add(Method::GET, "/healthz", get(healthz))
         .add(Method::GET, "/openapi.json", get(openapi_json))
+        .add(Method::GET, "/metrics", get(metrics::metrics))
         .add(Method::POST, "/v1/sandboxes", post(create_sandbox))
         .add(Method::GET, "/v1/sandboxes", get(list_sandboxes))
         .add(Method::GET, SANDBOX, get(get_sandbox))
@@ -114,6 +116,8 @@ fn table() -> Routes {
         .add(Method::POST, "/v1/keys", post(create_key))
         .add(Method::GET, "/v1/keys", get(list_keys))
         .add(Method::DELETE, "/v1/keys/{id}", delete(revoke_key))
+        .add(Method::GET, "/v1/sandboxes/{id}/usage", get(observe::usage))
+        .add(Method::GET, "/v1/stats", get(observe::stats))
 }
 
 /// A router under construction plus the list of what it serves.

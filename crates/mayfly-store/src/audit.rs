@@ -84,8 +84,11 @@ impl Store {
     ) -> Result<i64, StoreError> {
         let now = self.now();
         let conn = self.conn();
-        insert_event(&conn, now, sandbox, kind, detail)?;
-        Ok(conn.last_insert_rowid())
+        // Autocommit: the insert is committed when it returns.
+        let event = insert_event(&conn, now, sandbox, kind, detail)?;
+        let seq = event.seq;
+        self.publish(&conn, event);
+        Ok(seq)
     }
 
     /// Up to `limit` events with a sequence number greater than `since`, in
@@ -112,14 +115,15 @@ impl Store {
     }
 }
 
-/// Appends an event on `conn` (a connection or an open transaction).
+/// Appends an event on `conn` (a connection or an open transaction) and
+/// returns it, to be published once its transaction has committed.
 pub(crate) fn insert_event(
     conn: &rusqlite::Connection,
     at: mayfly_types::UnixMillis,
     sandbox: Option<&SandboxId>,
     kind: &str,
     detail: &serde_json::Value,
-) -> Result<(), StoreError> {
+) -> Result<Event, StoreError> {
     conn.prepare_cached(
         "INSERT INTO events (at, sandbox_id, kind, detail) VALUES (?1, ?2, ?3, ?4)",
     )?
@@ -129,5 +133,11 @@ pub(crate) fn insert_event(
         kind,
         detail.to_string()
     ])?;
-    Ok(())
+    Ok(Event {
+        seq: conn.last_insert_rowid(),
+        at,
+        sandbox_id: sandbox.map(|s| s.to_string()),
+        kind: kind.to_owned(),
+        detail: detail.clone(),
+    })
 }

@@ -6,12 +6,18 @@
 //! every read-modify-write runs under `BEGIN IMMEDIATE` (the write lock is
 //! taken up front, and the busy timeout waits for it) instead of trusting
 //! the in-process mutex alone.
+//!
+//! Events are also published in-process once their transaction commits
+//! ([`Store::subscribe_events`]), so a reader never sees one that was rolled
+//! back.
 
 mod audit;
+mod bus;
 mod error;
 mod migrate;
 mod row;
 mod sandboxes;
+mod stats;
 mod tenants;
 #[cfg(test)]
 mod tests;
@@ -25,8 +31,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mayfly_types::UnixMillis;
 use rusqlite::Connection;
 
+pub use bus::{Subscription, BUS_CAPACITY};
 pub use error::StoreError;
 pub use sandboxes::{SandboxRecord, Transition};
+pub use stats::{percentiles, StatsQuery};
 pub use tenants::{KeyCheck, NewKey, TenantRecord, TenantRemoval};
 
 /// The database file's name inside the state directory.
@@ -49,6 +57,9 @@ pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
     clock: Clock,
+    /// Events of committed transactions, published in sequence order (see
+    /// [`Store::subscribe_events`]).
+    bus: tokio::sync::broadcast::Sender<mayfly_types::Event>,
 }
 
 impl std::fmt::Debug for Store {
@@ -152,6 +163,7 @@ impl Store {
             conn: Mutex::new(conn),
             path,
             clock: Arc::new(wall_clock),
+            bus: tokio::sync::broadcast::Sender::new(BUS_CAPACITY),
         })
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use mayfly_types::{ResolvedLimits, SandboxId, SandboxState, UnixMillis};
+use mayfly_types::{Event, ResolvedLimits, SandboxId, SandboxState, UnixMillis};
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use crate::migrate::{live, terminal};
@@ -121,7 +121,7 @@ impl Store {
         to: SandboxState,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.transition_then(id, to, reason, |_, _| Ok(()))
+        self.transition_then(id, to, reason, |_, _| Ok(None))
     }
 
     /// As [`Store::transition`], only while the record still names `owner`
@@ -135,16 +135,17 @@ impl Store {
         reason: Option<&str>,
         owner: (u32, u64),
     ) -> Result<(), StoreError> {
-        self.transition_checked(id, to, reason, Some(owner), |_, _| Ok(()))
+        self.transition_checked(id, to, reason, Some(owner), |_, _| Ok(None))
     }
 
-    /// A transition, then `more` inside the same transaction.
-    fn transition_then(
+    /// A transition, then `more` inside the same transaction. The event
+    /// `more` may insert is published once the transaction has committed.
+    pub(crate) fn transition_then(
         &self,
         id: &SandboxId,
         to: SandboxState,
         reason: Option<&str>,
-        more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<(), StoreError>,
+        more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<Option<Event>, StoreError>,
     ) -> Result<(), StoreError> {
         self.transition_checked(id, to, reason, None, more)
     }
@@ -155,7 +156,7 @@ impl Store {
         to: SandboxState,
         reason: Option<&str>,
         owner: Option<(u32, u64)>,
-        more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<(), StoreError>,
+        more: impl FnOnce(&rusqlite::Transaction<'_>, UnixMillis) -> Result<Option<Event>, StoreError>,
     ) -> Result<(), StoreError> {
         let now = self.now();
         let mut conn = self.conn();
@@ -195,8 +196,11 @@ impl Store {
         )?
         .execute(params![id.as_str(), to.as_str(), reason, ended_at])?;
         insert_transition(&tx, id, Some(from), to, now, reason)?;
-        more(&tx, now)?;
+        let event = more(&tx, now)?;
         tx.commit()?;
+        if let Some(event) = event {
+            self.publish(&conn, event);
+        }
         Ok(())
     }
 
@@ -210,7 +214,7 @@ impl Store {
         event: (&str, &serde_json::Value),
     ) -> Result<(), StoreError> {
         self.transition_then(id, to, reason, |tx, now| {
-            crate::audit::insert_event(tx, now, Some(id), event.0, event.1)
+            crate::audit::insert_event(tx, now, Some(id), event.0, event.1).map(Some)
         })
     }
 
@@ -227,7 +231,7 @@ impl Store {
         self.transition_then(id, SandboxState::Ready, None, |tx, now| {
             tx.prepare_cached("UPDATE sandboxes SET init_pid = ?2, create_ms = ?3 WHERE id = ?1")?
                 .execute(params![id.as_str(), init_pid, create_ms])?;
-            crate::audit::insert_event(tx, now, Some(id), "ready", detail)
+            crate::audit::insert_event(tx, now, Some(id), "ready", detail).map(Some)
         })
     }
 
@@ -289,7 +293,7 @@ impl Store {
                 "UPDATE sandboxes SET owner_pid = ?2, owner_start = ?3 WHERE id = ?1",
             )?
             .execute(params![id.as_str(), owner_pid, owner_start])?;
-            Ok(())
+            Ok(None)
         })
     }
 

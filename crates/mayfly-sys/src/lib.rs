@@ -4,6 +4,7 @@
 //! error enum whose variants carry the path, pid or value involved.
 
 pub mod cgroup;
+pub mod du;
 pub mod fs;
 pub mod hardening;
 pub mod image;

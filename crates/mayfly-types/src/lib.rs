@@ -13,6 +13,7 @@ mod limits;
 mod pool;
 mod sandbox;
 mod tenant;
+mod usage;
 
 pub use bytes::Bytes64;
 pub use error::{ApiError, ErrorCode};
@@ -33,6 +34,10 @@ pub use tenant::{
     check_key_id, check_tenant_name, CreateKeyRequest, CreatedKey, KeyIdError, KeyInfo, KeyList,
     TenantInfo, TenantList, TenantNameError, TenantQuotas, TenantUsage, KEY_ID_LEN, KEY_PREFIX,
     MAX_COUNT_QUOTA, MAX_TENANT_NAME, MAX_TOTAL_QUOTA,
+};
+pub use usage::{
+    DiskUsage, ExecCounts, Percentiles, SandboxUsage, SpinUp, StatsReport, TaskStats, TaskWindow,
+    TASK_LABEL, TASK_WINDOW_MS,
 };
 
 /// Milliseconds since the Unix epoch; the one time unit on the wire.

@@ -78,6 +78,11 @@ pub enum Command {
     Events(EventsArgs),
     /// Show a sandbox's exec audit trail.
     Audit(IdArgs),
+    /// Show live sandboxes with what they use: CPU, memory, pids, disk.
+    Top(TopArgs),
+    /// Show spin-up percentiles, exec counts and iterations per
+    /// five-minute window, by `task` label.
+    Stats(StatsArgs),
     /// Copy files between the host and a sandbox (`ID:PATH` names the sandbox side).
     Cp(CpArgs),
     /// Manage warm pools of booted sandboxes.
@@ -278,10 +283,35 @@ pub struct IdArgs {
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
-    #[arg(long, default_value_t = 0)]
-    pub since: i64,
+    /// Only events after this sequence number (0 when absent; with
+    /// --follow, only new events when absent).
+    #[arg(long)]
+    pub since: Option<i64>,
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
+    /// Keep printing events as they happen (until interrupted).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Refresh until interrupted.
+    #[arg(long, short = 'w')]
+    pub watch: bool,
+    /// Time between refreshes with --watch.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub interval: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// How far back from now (e.g. 30m, 1h, 7d).
+    #[arg(long, default_value = "1h")]
+    pub window: String,
+    /// Only sandboxes created with this `task` label (`-l task=NAME`).
+    #[arg(long)]
+    pub task: Option<String>,
 }
 
 #[derive(Debug, Args)]

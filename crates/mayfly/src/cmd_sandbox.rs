@@ -96,21 +96,44 @@ pub async fn inspect(cli: &Cli, a: &IdArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn events(cli: &Cli, a: &EventsArgs) -> anyhow::Result<i32> {
-    let evs = client(cli)?.events(a.since, a.limit).await?;
+    if a.follow {
+        let mut stream = client(cli)?.event_stream(a.since).await?;
+        while let Some(e) = stream.next_event().await? {
+            print_event(cli, &e)?;
+        }
+        return Ok(0);
+    }
+    let evs = client(cli)?.events(a.since.unwrap_or(0), a.limit).await?;
     if cli.json {
         output::json(&evs)?;
     } else {
-        for e in evs {
-            println!(
-                "{} {} {} {}",
-                e.seq,
-                e.sandbox_id.as_deref().unwrap_or("-"),
-                e.kind,
-                e.detail
-            );
+        for e in &evs {
+            print_event(cli, e)?;
         }
     }
     Ok(0)
+}
+
+/// One event on a line: `seq sandbox kind detail`, or (following, with
+/// --json) one JSON document per line.
+fn print_event(cli: &Cli, e: &mayfly_types::Event) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if cli.json {
+        serde_json::to_writer(&mut out, e)?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "{} {} {} {}",
+            e.seq,
+            e.sandbox_id.as_deref().unwrap_or("-"),
+            e.kind,
+            e.detail
+        )?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 pub async fn audit(cli: &Cli, a: &IdArgs) -> anyhow::Result<i32> {

@@ -11,6 +11,8 @@ mod cmd_pool;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_serve;
+mod cmd_stats;
+mod cmd_top;
 mod output;
 
 use clap::Parser;
@@ -88,6 +90,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Inspect(ref a) => cmd_sandbox::inspect(&cli, a).await,
             Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
+            Command::Top(ref a) => cmd_top::top(&cli, a).await,
+            Command::Stats(ref a) => cmd_stats::stats(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
             Command::Pool(ref c) => cmd_pool::pool(&cli, c).await,
             Command::Tenant(ref c) => cmd_admin::tenant(&cli, c).await,

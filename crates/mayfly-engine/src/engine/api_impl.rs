@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
-    ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo, SandboxState,
-    StartProcessRequest,
+    ProcessInfo, ProcessOutput, RenameRequest, SandboxId, SandboxInfo, SandboxState, SandboxUsage,
+    StartProcessRequest, StatsReport,
 };
 use tokio::sync::mpsc;
 
@@ -17,7 +17,7 @@ use super::destroy::record_to_info;
 use super::exec::{check_limits, Collected, CommandSpec, PumpOptions, Sink};
 use super::sandbox::Sandbox;
 use super::Engine;
-use crate::api::{Caller, ExecStream, SandboxApi};
+use crate::api::{Caller, EventSubscription, ExecStream, SandboxApi};
 use crate::files::{FsLimits, SandboxFs};
 use crate::EngineError;
 use mayfly_types::UploadSummary;
@@ -84,6 +84,14 @@ impl Engine {
             };
             let r = engine.pump(&sb, started, opts, out).await;
             engine.audit_exec(&sb, &spec.argv, Ok(&r), &caller);
+            // A command killed while init lives (or a shell reporting a
+            // child's SIGKILL as 137) may be the OOM killer's victim; one
+            // that died with init is looked at by `init_died`.
+            let killed = r.status.signal == Some(libc::SIGKILL)
+                || r.status.exit_code == Some(128 + libc::SIGKILL);
+            if killed && !r.status.timed_out && !sb.conn.is_closed() {
+                engine.check_oom_after_kill(&sb);
+            }
             r
         })
     }
@@ -343,6 +351,30 @@ impl SandboxApi for Engine {
 
     fn tenancy(&self) -> Option<&dyn crate::TenancyApi> {
         Some(self)
+    }
+
+    fn subscribe_events(&self) -> Result<EventSubscription, EngineError> {
+        Ok(self.inner.store.subscribe_events()?)
+    }
+
+    async fn usage(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError> {
+        self.live_ready(id)?;
+        self.usage_of(id).await
+    }
+
+    async fn stats(
+        &self,
+        window: Duration,
+        task: Option<&str>,
+        caller: &Caller,
+    ) -> Result<StatsReport, EngineError> {
+        let q = mayfly_store::StatsQuery {
+            window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+            task: task.map(str::to_owned),
+            // An admin sees every tenant; anyone else their own.
+            tenant: (!caller.admin).then(|| caller.tenant.clone()),
+        };
+        Ok(self.inner.store.stats(&q)?)
     }
 }
 

@@ -404,9 +404,7 @@ impl Engine {
         let engine = self.clone();
         tokio::spawn(async move {
             conn.run_reader().await;
-            if !sb.is_stopping() {
-                let _ = engine.destroy_sandbox(sb, "init_exited").await;
-            }
+            engine.init_died(sb).await;
         });
         let t_up = t0.elapsed();
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
@@ -466,7 +464,7 @@ impl Engine {
             Some(&e.to_string()),
             (
                 "failed",
-                &serde_json::json!({"error": e.to_string(), "caller": caller.name}),
+                &serde_json::json!({"error": e.to_string(), "caller": caller.name, "reason": e.code()}),
             ),
         );
         e

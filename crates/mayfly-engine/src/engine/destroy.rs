@@ -65,6 +65,9 @@ impl Engine {
         }
         // The stub exits by itself once init is gone; this only hurries it.
         sb.stub.kill();
+        // Kills by the OOM killer not recorded yet (a background process's)
+        // are read before the cgroup goes.
+        self.record_oom_kills(&sb);
         let trash = self.inner.cfg.trash_dir();
         let (dir, cgroup, id) = (sb.dir.clone(), sb.cgroup.clone(), sb.id.clone());
         let t_exit = t0.elapsed();
@@ -78,7 +81,8 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&sb.id);
         self.release_quota(&sb.id);
-        record_end(store, &sb.id, reason, cgroup_ok)?;
+        let destroy_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        record_end(store, &sb.id, reason, cgroup_ok, Some(destroy_ms))?;
         sb.done.store(true, Ordering::SeqCst);
         sb.destroyed.notify_waiters();
         self.info(&sb.id)
@@ -212,12 +216,14 @@ pub(crate) fn remove_remains(
 }
 
 /// Records the end of a destroy: `destroyed`, or `failed` when the cgroups
-/// could not be removed, with a `destroyed` event.
+/// could not be removed, with a `destroyed` event saying why it ended and,
+/// when known, how long the destroy took from the kill.
 pub(crate) fn record_end(
     store: &mayfly_store::Store,
     id: &SandboxId,
     reason: &str,
     cgroup_ok: bool,
+    destroy_ms: Option<f64>,
 ) -> Result<(), EngineError> {
     let (state, why) = if cgroup_ok {
         (SandboxState::Destroyed, reason.to_owned())
@@ -231,7 +237,10 @@ pub(crate) fn record_end(
         id,
         state,
         Some(&why),
-        ("destroyed", &serde_json::json!({"reason": why})),
+        (
+            "destroyed",
+            &serde_json::json!({"reason": reason, "destroy_ms": destroy_ms, "cgroup_removed": cgroup_ok}),
+        ),
     )?;
     Ok(())
 }

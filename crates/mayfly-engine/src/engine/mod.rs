@@ -8,6 +8,7 @@ mod destroy;
 mod early;
 mod exec;
 mod leases;
+mod oom;
 mod owner;
 mod pool;
 mod processes;
@@ -18,6 +19,7 @@ mod refill;
 mod sandbox;
 mod stubs;
 mod tenants;
+mod usage;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -294,7 +294,7 @@ fn record(store: &mayfly_store::Store, id: &SandboxId, handed: bool, cgroup_ok: 
             .flatten()
             .and_then(|r| r.reason)
             .unwrap_or_else(|| "user".into());
-        let _ = record_end(store, id, &reason, cgroup_ok);
+        let _ = record_end(store, id, &reason, cgroup_ok, None);
     } else {
         let why = "owner_died: the `mayfly run` that owned it died";
         if store

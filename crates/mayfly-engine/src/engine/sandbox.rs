@@ -55,6 +55,9 @@ pub(crate) struct Sandbox {
     /// dropped (the stub holds a copy while it lives, and a daemonless
     /// run's reaper one until it has recorded the end).
     pub lease: std::fs::File,
+    /// OOM kills already recorded as events (the cgroup's count when last
+    /// looked at).
+    pub oom_seen: AtomicU64,
 }
 
 impl Sandbox {
@@ -96,6 +99,7 @@ impl Sandbox {
             destroyed: Notify::new(),
             done: AtomicBool::new(false),
             lease,
+            oom_seen: AtomicU64::new(0),
         }
     }
 

@@ -101,6 +101,7 @@ fn plan_v2(root: &Path, id: &SandboxId, limits: &ResolvedLimits) -> CgroupPlan {
             memory_peak: sb.join("memory.peak"),
             cpu: Some(CpuUsageFile::StatUsec(sb.join("cpu.stat"))),
             pids_current: sb.join("pids.current"),
+            memory_events: sb.join("memory.events"),
         },
     }
 }
@@ -168,6 +169,7 @@ fn plan_v1(
                 .cpuacct
                 .map(|a| CpuUsageFile::AcctNanos(dir(a).join("cpuacct.usage"))),
             pids_current: pids.join("pids.current"),
+            memory_events: mem.join("memory.oom_control"),
         },
     }
 }
@@ -246,6 +248,7 @@ mod tests {
                 memory_peak: format!("{sb}/memory.peak").into(),
                 cpu: Some(CpuUsageFile::StatUsec(format!("{sb}/cpu.stat").into())),
                 pids_current: format!("{sb}/pids.current").into(),
+                memory_events: format!("{sb}/memory.events").into(),
             },
         };
         assert_eq!(got, expected);
@@ -289,6 +292,7 @@ mod tests {
                     format!("{}/cpuacct.usage", d("cpuacct")).into(),
                 )),
                 pids_current: format!("{}/pids.current", d("pids")).into(),
+                memory_events: format!("{}/memory.oom_control", d("memory")).into(),
             },
         };
         assert_eq!(got, expected);

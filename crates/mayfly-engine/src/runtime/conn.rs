@@ -33,6 +33,9 @@ struct Waiter {
 pub struct InitConn {
     chan: AsyncSeq,
     waiters: Mutex<HashMap<u64, Waiter>>,
+    /// Set when the channel has closed (init is gone), before any waiter
+    /// is dropped.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl InitConn {
@@ -40,6 +43,7 @@ impl InitConn {
         Ok(Arc::new(InitConn {
             chan: AsyncSeq::new(ctl)?,
             waiters: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -51,6 +55,12 @@ impl InitConn {
             Ok(InitEvent::SetupFailed { message }) => Err(RuntimeError::Setup(message)),
             _ => Err(RuntimeError::Protocol("expected Ready".into())),
         }
+    }
+
+    /// Whether init's channel has closed: a command whose exit was never
+    /// reported ended because init (and with it the sandbox) went away.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Dispatches init's events until the channel closes. When it returns,
@@ -92,6 +102,7 @@ impl InitConn {
                 InitEvent::Ready | InitEvent::SetupFailed { .. } => {}
             }
         }
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.waiters
             .lock()
             .unwrap_or_else(|p| p.into_inner())

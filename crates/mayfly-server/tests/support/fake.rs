@@ -17,6 +17,10 @@
 //!
 //! Tenants and keys live in a real in-memory store (`fake_tenancy.rs`);
 //! creates honour a tenant's `max_live` quota.
+//! Events are published on a bus, as the store does, under the same lock
+//! that assigns their sequence numbers; [`FakeEngine::emit`] adds any event,
+//! and [`FakeEngine::store_only`] one the bus never carries (as another
+//! process's write).
 
 #![allow(dead_code)]
 
@@ -57,11 +61,68 @@ struct State {
     /// Every caller the engine was handed, in order.
     callers: Vec<String>,
     pools: BTreeMap<String, mayfly_types::PoolInfo>,
+    bus: Bus,
+    /// The (window, task, tenant) of each stats call.
+    stats_calls: Vec<(std::time::Duration, Option<String>, String)>,
+}
+
+/// The fake's event bus.
+struct Bus(tokio::sync::broadcast::Sender<Event>);
+
+impl Default for Bus {
+    fn default() -> Self {
+        Bus(tokio::sync::broadcast::Sender::new(1024))
+    }
 }
 
 impl FakeEngine {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// A fake whose bus holds only `capacity` events for a slow subscriber.
+    pub fn with_bus_capacity(capacity: usize) -> Arc<Self> {
+        let fake = Self::default();
+        fake.lock().bus = Bus(tokio::sync::broadcast::Sender::new(capacity));
+        Arc::new(fake)
+    }
+
+    /// Stores and publishes an event; returns its sequence number.
+    pub fn emit(&self, sandbox: Option<&SandboxId>, kind: &str, detail: serde_json::Value) -> i64 {
+        let mut st = self.lock();
+        let ev = Self::stored(&mut st, sandbox, kind, detail);
+        let seq = ev.seq;
+        let _ = st.bus.0.send(ev);
+        seq
+    }
+
+    /// Stores an event without publishing it, as a write by another
+    /// process sharing the store would be.
+    pub fn store_only(&self, kind: &str) -> i64 {
+        Self::stored(&mut self.lock(), None, kind, serde_json::json!({})).seq
+    }
+
+    /// The (window, task, caller's tenant) of each stats call so far.
+    pub fn stats_calls(&self) -> Vec<(std::time::Duration, Option<String>, String)> {
+        self.lock().stats_calls.clone()
+    }
+
+    fn stored(
+        st: &mut State,
+        sandbox: Option<&SandboxId>,
+        kind: &str,
+        detail: serde_json::Value,
+    ) -> Event {
+        let seq = st.events.len() as i64 + 1;
+        let ev = Event {
+            seq,
+            at: 1_700_000_000_000 + seq as u64,
+            sandbox_id: sandbox.map(|s| s.to_string()),
+            kind: kind.to_owned(),
+            detail,
+        };
+        st.events.push(ev.clone());
+        ev
     }
 
     /// Lets a `gated` stream continue past its first event.
@@ -94,14 +155,8 @@ impl FakeEngine {
     }
 
     fn event(st: &mut State, id: &SandboxId, kind: &str) {
-        let seq = st.events.len() as i64 + 1;
-        st.events.push(Event {
-            seq,
-            at: 1_700_000_000_000 + seq as u64,
-            sandbox_id: Some(id.to_string()),
-            kind: kind.to_owned(),
-            detail: serde_json::json!({}),
-        });
+        let ev = Self::stored(st, Some(id), kind, serde_json::json!({}));
+        let _ = st.bus.0.send(ev);
     }
 
     fn check_path(path: &str) -> Result<(), EngineError> {
@@ -638,5 +693,53 @@ impl SandboxApi for FakeEngine {
 
     fn tenancy(&self) -> Option<&dyn mayfly_engine::TenancyApi> {
         Some(self)
+    }
+
+    fn subscribe_events(&self) -> Result<mayfly_engine::EventSubscription, EngineError> {
+        let st = self.lock();
+        Ok(mayfly_engine::EventSubscription {
+            receiver: st.bus.0.subscribe(),
+            head: st.events.len() as i64,
+        })
+    }
+
+    async fn usage(&self, id: &SandboxId) -> Result<mayfly_types::SandboxUsage, EngineError> {
+        self.ready(id)?;
+        Ok(mayfly_types::SandboxUsage {
+            id: id.clone(),
+            at: 1_700_000_000_000,
+            cpu_seconds: Some(1.25),
+            memory_bytes: 3 << 20,
+            memory_peak_bytes: Some(5 << 20),
+            memory_limit_bytes: 512 << 20,
+            pids: 2,
+            oom_kills: Some(0),
+            disk: mayfly_types::DiskUsage {
+                bytes: 8192,
+                entries: 3,
+                truncated: false,
+            },
+        })
+    }
+
+    async fn stats(
+        &self,
+        window: std::time::Duration,
+        task: Option<&str>,
+        caller: &Caller,
+    ) -> Result<mayfly_types::StatsReport, EngineError> {
+        self.lock()
+            .stats_calls
+            .push((window, task.map(str::to_owned), caller.tenant.clone()));
+        let until = 1_700_000_000_000;
+        Ok(mayfly_types::StatsReport {
+            since: until - window.as_millis() as u64,
+            until,
+            window_secs: 300,
+            task: task.map(str::to_owned),
+            spin_up: Default::default(),
+            execs: Default::default(),
+            tasks: Vec::new(),
+        })
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake;
+pub mod openmetrics;
 
 use std::sync::Arc;
 

@@ -1,10 +1,12 @@
 //! The store's tests. Each is named after the property it proves.
 
 mod audit;
+mod bus;
 mod corrupt;
 mod lifecycle;
 mod migrations;
 mod slots;
+mod stats;
 mod tenants;
 
 use std::collections::BTreeMap;

@@ -78,7 +78,21 @@ pub fn read_usage(plan: &CgroupPlan) -> Result<CgroupUsage, CgroupError> {
         memory_peak_bytes,
         cpu_usec,
         pids: read_u64(&files.pids_current)?,
+        oom_kills: read_oom_kills(plan)?,
     })
+}
+
+/// How many processes of the sandbox the OOM killer has killed, from the
+/// `oom_kill` line of `memory.oom_control` (v1) or `memory.events` (v2);
+/// `None` where the kernel keeps no such count.
+pub fn read_oom_kills(plan: &CgroupPlan) -> Result<Option<u64>, CgroupError> {
+    let path = &plan.usage.memory_events;
+    match read_stat_key(path, "oom_kill") {
+        Ok(n) => Ok(Some(n)),
+        Err(CgroupError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => Ok(None),
+        Err(CgroupError::Parse { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn mkdir(path: &Path) -> Result<(), CgroupError> {

@@ -45,6 +45,7 @@ fn host_plan(layout: &CgroupLayout, id: &str) -> CgroupPlan {
                     memory_peak: sb.join("memory.peak"),
                     cpu: Some(CpuUsageFile::StatUsec(sb.join("cpu.stat"))),
                     pids_current: sb.join("pids.current"),
+                    memory_events: sb.join("memory.events"),
                 },
             }
         }
@@ -67,6 +68,7 @@ fn host_plan(layout: &CgroupLayout, id: &str) -> CgroupPlan {
                         .contains_key("cpuacct")
                         .then(|| CpuUsageFile::AcctNanos(dir("cpuacct").join("cpuacct.usage"))),
                     pids_current: dir("pids").join("pids.current"),
+                    memory_events: dir("memory").join("memory.oom_control"),
                 },
             }
         }
@@ -108,6 +110,11 @@ fn host_cgroup_holds_a_child_reports_usage_and_is_removed_with_it() {
     let usage = read_usage(&plan).unwrap();
     assert_eq!(usage.pids, 1);
     assert!(usage.memory_peak_bytes.is_some());
+    assert_eq!(
+        usage.oom_kills,
+        Some(0),
+        "a fresh cgroup has seen no OOM kill"
+    );
 
     remove(&plan).unwrap();
     let status = child.wait().unwrap();

@@ -24,7 +24,7 @@ mod remove;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use apply::{add_process, apply, read_usage};
+pub use apply::{add_process, apply, read_oom_kills, read_usage};
 pub use remove::{list_leftovers, remove, remove_dir, remove_empty_parents};
 
 /// The directory under each hierarchy's root that holds every Mayfly cgroup.
@@ -89,6 +89,10 @@ pub struct UsageFiles {
     /// `None` on v1 hosts without a cpuacct hierarchy.
     pub cpu: Option<CpuUsageFile>,
     pub pids_current: PathBuf,
+    /// The flat-keyed file whose `oom_kill` line counts the OOM killer's
+    /// kills in the sandbox: v1 `memory.oom_control`, v2 `memory.events`.
+    #[serde(default)]
+    pub memory_events: PathBuf,
 }
 
 /// Everything needed to create, use and remove one sandbox's cgroups.
@@ -113,6 +117,9 @@ pub struct CgroupUsage {
     pub memory_peak_bytes: Option<u64>,
     pub cpu_usec: Option<u64>,
     pub pids: u64,
+    /// Kills by the OOM killer; `None` on kernels that do not count them
+    /// (v1 before 4.13).
+    pub oom_kills: Option<u64>,
 }
 
 /// Why a cgroup operation failed.

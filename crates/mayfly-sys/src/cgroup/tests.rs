@@ -33,6 +33,7 @@ fn v2_plan(root: &Path) -> CgroupPlan {
             memory_peak: sb.join("memory.peak"),
             cpu: Some(CpuUsageFile::StatUsec(sb.join("cpu.stat"))),
             pids_current: sb.join("pids.current"),
+            memory_events: sb.join("memory.events"),
         },
     }
 }
@@ -68,6 +69,11 @@ fn fake_v2_tree() -> tempfile::TempDir {
         "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
     );
     put(root, &format!("mayfly/{ID}/pids.current"), "3\n");
+    put(
+        root,
+        &format!("mayfly/{ID}/memory.events"),
+        "low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\noom_group_kill 0\n",
+    );
     tmp
 }
 
@@ -106,8 +112,32 @@ fn v2_usage_is_read_from_current_peak_stat_and_pids() {
             memory_peak_bytes: Some(8192),
             cpu_usec: Some(1500),
             pids: 3,
+            oom_kills: Some(2),
         }
     );
+}
+
+#[test]
+fn oom_kills_are_read_from_the_oom_kill_line_and_absent_without_one() {
+    let tmp = fake_v2_tree();
+    let plan = v2_plan(tmp.path());
+    assert_eq!(read_oom_kills(&plan).unwrap(), Some(2));
+    // v1's memory.oom_control has the same shape.
+    fs::write(
+        &plan.usage.memory_events,
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 7\n",
+    )
+    .unwrap();
+    assert_eq!(read_oom_kills(&plan).unwrap(), Some(7));
+    // Kernels before 4.13 have no `oom_kill` line.
+    fs::write(
+        &plan.usage.memory_events,
+        "oom_kill_disable 0\nunder_oom 0\n",
+    )
+    .unwrap();
+    assert_eq!(read_oom_kills(&plan).unwrap(), None);
+    fs::remove_file(&plan.usage.memory_events).unwrap();
+    assert_eq!(read_oom_kills(&plan).unwrap(), None);
 }
 
 #[test]
