@@ -7,8 +7,8 @@
 //! store transaction records the claim, and it leaves the pool for good. It
 //! is destroyed like any other when its task ends; the pool never takes it
 //! back. Refill boots replacements in the background, at most
-//! `refill_concurrency` at a time and none while a cold create is in
-//! flight, so it cannot starve requests.
+//! `refill_concurrency` at a time and only one in all while a cold create
+//! is in flight, so it cannot starve requests.
 //!
 //! An unclaimed sandbox is invisible to every request (`Engine::lookup`
 //! refuses it), so nothing can run in it before its claim: warm never

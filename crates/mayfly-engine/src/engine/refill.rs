@@ -3,8 +3,8 @@
 //! One task per engine wakes on every claim, drain, setting change or
 //! finished boot (and every 250 ms regardless). For each pool below its
 //! target it starts boots, at most `refill_concurrency` at a time per pool,
-//! never while a cold create is in flight (those are requests waiting), and
-//! never past the daemon's cap on live sandboxes. A failed boot holds that
+//! only one at a time in all while a cold create is in flight (those are
+//! requests waiting), and never past the daemon's cap on live sandboxes. A failed boot holds that
 //! pool's refill back for a second, so a broken template cannot spin.
 
 use std::sync::atomic::Ordering;
@@ -45,15 +45,22 @@ impl Engine {
 
     /// Starts the boots the pools are owed, within their bounds.
     fn start_boots(&self) {
-        if self.inner.pools.foreground.load(Ordering::SeqCst) > 0 {
-            return;
-        }
         let cap = self.inner.cfg.slots() as usize;
         let mut live = self.live_count();
         let now = Instant::now();
         let mut starts: Vec<(String, u64, Boot)> = Vec::new();
         {
             let mut pools = self.lock_pools();
+            // While cold creates are in flight (requests waiting), refill
+            // runs one boot at a time across all pools: it never takes more
+            // than its share, and under sustained load it still refills, so
+            // claims keep being served from the pools.
+            let busy = self.inner.pools.foreground.load(Ordering::SeqCst) > 0;
+            let mut budget = if busy {
+                1usize.saturating_sub(pools.values().map(|p| p.filling as usize).sum())
+            } else {
+                usize::MAX
+            };
             for (name, p) in pools.iter_mut() {
                 if p.backoff_until.is_some_and(|t| t > now) {
                     continue;
@@ -61,7 +68,9 @@ impl Engine {
                 while (p.ready.len() as u32 + p.filling) < p.target
                     && p.filling < p.refill_concurrency
                     && live < cap
+                    && budget > 0
                 {
+                    budget -= 1;
                     p.filling += 1;
                     live += 1;
                     starts.push((
