@@ -134,8 +134,8 @@ impl Engine {
                 }
                 got
             };
-            self.inner.pools.wake.notify_one();
             let Some((id, pool)) = taken else {
+                self.inner.pools.wake.notify_one();
                 return Ok(None);
             };
             // A sandbox that died while it waited is gone from the map or
@@ -169,6 +169,7 @@ impl Engine {
                 "template": boot.template.to_string(),
                 "source": "pool",
             });
+            let t_store = Instant::now();
             let claimed = self.inner.store.claim_pooled(
                 &id,
                 &tenant,
@@ -185,7 +186,13 @@ impl Engine {
             }
             admission.commit(&id);
             sb.pooled.store(false, Ordering::SeqCst);
-            return self.info(&id).map(Some);
+            let t_info = Instant::now();
+            let info = self.info(&id).map(Some);
+            tracing::debug!(%id, claim_ms, store = ?t_info - t_store, info = ?t_info.elapsed(), "claim timings");
+            // Refill only once this claim is answered: a boot started
+            // earlier would compete with it for the store and the CPU.
+            self.inner.pools.wake.notify_one();
+            return info;
         }
     }
 
