@@ -23,67 +23,9 @@ use crate::runtime::stub::StubHandle;
 use crate::template::plan_layers;
 use crate::EngineError;
 
-/// Where a pool's unclaimed sandbox's deadline sits: never reached.
-pub(crate) const POOLED_EXPIRY: u64 = i64::MAX as u64;
-
-/// What to boot, validated.
-#[derive(Debug, Clone)]
-pub(crate) struct Boot {
-    pub template: TemplateRef,
-    pub limits: mayfly_types::ResolvedLimits,
-    pub ttl_secs: u64,
-    /// Idle timeout in seconds; 0 for none.
-    pub idle_secs: u64,
-    pub env: std::collections::BTreeMap<String, String>,
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// `None` for a pool's sandbox, until it is claimed.
-    pub tenant: Option<String>,
-    /// The pool this sandbox is booted for.
-    pub pool: Option<String>,
-}
-
-/// A `dir:` template must be a directory.
-pub(crate) fn check_template(template: &TemplateRef) -> Result<(), EngineError> {
-    if let TemplateRef::Dir(d) = template {
-        if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
-            return Err(EngineError::Invalid(format!(
-                "template directory `{}` does not exist or is not a directory",
-                d.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Environment keys must be non-empty, without `=` or NUL.
-pub(crate) fn check_env(
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<(), EngineError> {
-    for (k, v) in env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(EngineError::Invalid(format!(
-                "environment variable name `{}` is invalid: it must be non-empty and contain neither `=` nor NUL",
-                k.escape_debug()
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), EngineError> {
-    if labels.len() > 64 || labels.iter().any(|(k, v)| k.len() > 128 || v.len() > 1024) {
-        return Err(EngineError::Invalid(
-            "labels are limited to 64 entries, keys of 128 bytes and values of 1024 bytes".into(),
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn random_id() -> Result<SandboxId, EngineError> {
-    let mut b = [0u8; 12];
-    getrandom::fill(&mut b).map_err(|e| EngineError::Internal(format!("getrandom: {e}")))?;
-    Ok(SandboxId::from_entropy(b))
-}
+pub(crate) use super::spec::{
+    base_env, check_env, check_labels, check_template, random_id, ttl_secs, Boot, POOLED_EXPIRY,
+};
 
 /// The mount point of the root, relative to the sandbox's directory.
 const ROOTFS: &str = "rootfs";
@@ -516,46 +458,5 @@ impl Engine {
         };
         let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
         Err(failure)
-    }
-}
-
-/// The environment every command of a sandbox starts from.
-pub(crate) fn base_env(
-    id: &SandboxId,
-    extra: &std::collections::BTreeMap<String, String>,
-) -> Vec<(String, String)> {
-    let mut env: std::collections::BTreeMap<String, String> = [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
-        ("HOME", "/root"),
-        ("LANG", "C.UTF-8"),
-        ("TERM", "xterm"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    env.insert("HOSTNAME".into(), id.to_string());
-    env.insert("MAYFLY_SANDBOX_ID".into(), id.to_string());
-    for (k, v) in extra {
-        env.insert(k.clone(), v.clone());
-    }
-    env.into_iter().collect()
-}
-
-/// A create's TTL in seconds: the default when none is asked for, and
-/// never above the maximum.
-pub(super) fn ttl_secs(cfg: &super::EngineConfig, asked: Option<u64>) -> Result<u64, EngineError> {
-    match asked {
-        None => Ok(cfg.default_ttl.as_secs()),
-        Some(t) if t >= 1 && t <= cfg.max_ttl.as_secs() => Ok(t),
-        Some(t) => Err(EngineError::Invalid(
-            mayfly_types::TtlError {
-                given_secs: t,
-                max_secs: cfg.max_ttl.as_secs(),
-            }
-            .to_string(),
-        )),
     }
 }

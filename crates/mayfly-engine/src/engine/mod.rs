@@ -17,6 +17,7 @@ pub(crate) mod reaper;
 mod recovery;
 mod refill;
 mod sandbox;
+mod spec;
 mod stubs;
 mod tenants;
 mod usage;
