@@ -153,6 +153,40 @@ pub enum ShutdownMode {
     Drain,
 }
 
+/// The limits a sandbox (or a pool's sandboxes) runs with.
+#[derive(Debug, Args, Clone)]
+pub struct LimitArgs {
+    /// Memory limit (e.g. 512m, 2g).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// CPU quota in CPUs (e.g. 0.5, 2).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes and threads.
+    #[arg(long)]
+    pub pids: Option<u32>,
+}
+
+impl LimitArgs {
+    /// The limits asked for, with `/tmp` of `tmp_bytes`.
+    pub fn limits(&self, tmp_bytes: Option<u64>) -> anyhow::Result<Limits> {
+        let cpu_millis = match self.cpus {
+            Some(c) if !(c.is_finite() && c > 0.0 && c <= 256.0) => {
+                anyhow::bail!("--cpus must be a number between 0.01 and 256")
+            }
+            Some(c) => Some((c * 1000.0).round() as u32),
+            None => None,
+        };
+        Ok(Limits {
+            memory_bytes: self.memory,
+            cpu_millis,
+            pids: self.pids,
+            tmp_bytes,
+            nofile: None,
+        })
+    }
+}
+
 #[derive(Debug, Args, Clone)]
 pub struct SpecArgs {
     /// `host` or `dir:/path/to/rootfs`.
@@ -165,15 +199,8 @@ pub struct SpecArgs {
     /// command (e.g. 5m; 0s: never).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub idle_timeout: Option<std::time::Duration>,
-    /// Memory limit (e.g. 512m, 2g).
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<u64>,
-    /// CPU quota in CPUs (e.g. 0.5, 2).
-    #[arg(long)]
-    pub cpus: Option<f64>,
-    /// Maximum number of processes and threads.
-    #[arg(long)]
-    pub pids: Option<u32>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Size of /tmp (e.g. 64m).
     #[arg(long, value_parser = parse_size)]
     pub tmp: Option<u64>,
@@ -196,24 +223,11 @@ impl SpecArgs {
     }
 
     pub fn request(&self) -> anyhow::Result<CreateRequest> {
-        let cpu_millis = match self.cpus {
-            Some(c) if !(c.is_finite() && c > 0.0 && c <= 256.0) => {
-                anyhow::bail!("--cpus must be a number between 0.01 and 256")
-            }
-            Some(c) => Some((c * 1000.0).round() as u32),
-            None => None,
-        };
         Ok(CreateRequest {
             template: Some(self.template.clone()),
             ttl_secs: self.ttl.map(|d| d.as_secs().max(1)),
             idle_timeout_secs: self.idle_timeout.map(|d| d.as_secs()),
-            limits: Limits {
-                memory_bytes: self.memory,
-                cpu_millis,
-                pids: self.pids,
-                tmp_bytes: self.tmp,
-                nofile: None,
-            },
+            limits: self.limits.limits(self.tmp)?,
             env: self.env.iter().cloned().collect(),
             labels: self.labels.iter().cloned().collect(),
         })

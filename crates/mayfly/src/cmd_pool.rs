@@ -1,9 +1,9 @@
 //! `mayfly pool ls|set|drain`, and the `--pool` setting of `mayfly serve`.
 
 use clap::{Args, Subcommand};
-use mayfly_types::{Limits, PoolInfo, PoolSpec};
+use mayfly_types::{PoolInfo, PoolSpec};
 
-use crate::cli::{parse_size, Cli};
+use crate::cli::{Cli, LimitArgs};
 use crate::output;
 
 #[derive(Debug, Subcommand)]
@@ -35,15 +35,9 @@ pub struct PoolSetArgs {
     /// Sandboxes booted at once while refilling.
     #[arg(long)]
     pub concurrency: Option<u32>,
-    /// Memory limit of the pool's sandboxes (e.g. 512m).
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<u64>,
-    /// CPU quota of the pool's sandboxes, in CPUs.
-    #[arg(long)]
-    pub cpus: Option<f64>,
-    /// Process limit of the pool's sandboxes.
-    #[arg(long)]
-    pub pids: Option<u32>,
+    /// The limits of the pool's sandboxes.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 pub async fn pool(cli: &Cli, cmd: &PoolCommand) -> anyhow::Result<i32> {
@@ -59,27 +53,12 @@ pub async fn pool(cli: &Cli, cmd: &PoolCommand) -> anyhow::Result<i32> {
         }
         PoolCommand::Set(a) => {
             mayfly_engine::check_pool_name(&a.name)?;
-            let cpu_millis = a
-                .cpus
-                .map(|c| {
-                    if c.is_finite() && c > 0.0 && c <= 256.0 {
-                        Ok((c * 1000.0).round() as u32)
-                    } else {
-                        Err(anyhow::anyhow!("--cpus must be between 0.01 and 256"))
-                    }
-                })
-                .transpose()?;
             let spec = PoolSpec {
                 template: a.template.clone(),
                 target: a.target,
                 max: a.max,
                 refill_concurrency: a.concurrency,
-                limits: Limits {
-                    memory_bytes: a.memory,
-                    cpu_millis,
-                    pids: a.pids,
-                    ..Limits::default()
-                },
+                limits: a.limits.limits(None)?,
             };
             let info = c.set_pool(&a.name, &spec).await?;
             show(cli, &info)?;
