@@ -25,6 +25,7 @@ use axum::serve::IncomingStream;
 use http::request::Parts;
 use http::{header, HeaderValue};
 use mayfly_engine::Caller;
+use mayfly_store::constant_time_eq;
 use mayfly_types::{ErrorCode, KEY_PREFIX};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -187,19 +188,6 @@ fn check_bearer(req: &Request, token: Option<&str>) -> Result<(), AppError> {
     } else {
         Err(unauth("the bearer token is wrong"))
     }
-}
-
-/// Compares without an early exit, so timing does not reveal how much of a
-/// guessed token was right. (The length is not secret.)
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0u8, |acc, (x, y)| acc | std::hint::black_box(x ^ y));
-    diff == 0
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub use bus::{Subscription, BUS_CAPACITY};
 pub use error::StoreError;
 pub use sandboxes::{SandboxRecord, Transition};
 pub use stats::{percentiles, StatsQuery};
-pub use tenants::{KeyCheck, NewKey, TenantRecord, TenantRemoval};
+pub use tenants::{constant_time_eq, KeyCheck, NewKey, TenantRecord, TenantRemoval};
 
 /// The database file's name inside the state directory.
 pub const DB_FILE: &str = "mayfly.db";

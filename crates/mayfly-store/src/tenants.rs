@@ -383,8 +383,8 @@ fn random<const N: usize>() -> Result<[u8; N], StoreError> {
 }
 
 /// Compares without an early exit, so timing does not reveal how much of a
-/// hash matched.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// secret or its hash matched. (The length is not secret.)
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

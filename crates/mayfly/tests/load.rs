@@ -64,6 +64,26 @@ async fn client(c: Client, left: Arc<AtomicUsize>, stop: Arc<AtomicBool>, t: Arc
     }
 }
 
+/// Starts `clients` load clients sharing `total` cycles; set the flag to
+/// stop them early.
+fn start_clients(
+    c: &Client,
+    clients: usize,
+    total: usize,
+) -> (
+    Arc<AtomicBool>,
+    Arc<Tally>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let left = Arc::new(AtomicUsize::new(total));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let tasks = (0..clients)
+        .map(|_| tokio::spawn(client(c.clone(), left.clone(), stop.clone(), tally.clone())))
+        .collect();
+    (stop, tally, tasks)
+}
+
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
     v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
@@ -82,22 +102,8 @@ async fn concurrent_clients_run_without_errors_or_leaks() {
     const CLIENTS: usize = 32;
     const TOTAL: usize = 600;
     let mut d = Daemon::start_with(&["--pool", "host=16,concurrency=2"]).await;
-    let (left, stop) = (
-        Arc::new(AtomicUsize::new(TOTAL)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let tally = Arc::new(Tally::default());
     let t = Instant::now();
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            tokio::spawn(client(
-                d.client.clone(),
-                left.clone(),
-                stop.clone(),
-                tally.clone(),
-            ))
-        })
-        .collect();
+    let (_stop, tally, tasks) = start_clients(&d.client, CLIENTS, TOTAL);
     for task in tasks {
         task.await.expect("a client panicked");
     }
@@ -142,21 +148,7 @@ async fn concurrent_clients_run_without_errors_or_leaks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_in_the_middle_of_load_is_reconciled_on_restart() {
     let mut d = Daemon::start_with(&["--pool", "host=8,concurrency=2"]).await;
-    let (left, stop) = (
-        Arc::new(AtomicUsize::new(usize::MAX)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let tally = Arc::new(Tally::default());
-    let tasks: Vec<_> = (0..16)
-        .map(|_| {
-            tokio::spawn(client(
-                d.client.clone(),
-                left.clone(),
-                stop.clone(),
-                tally.clone(),
-            ))
-        })
-        .collect();
+    let (stop, tally, tasks) = start_clients(&d.client, 16, usize::MAX);
     // Let the load run, then kill the daemon under it.
     let t = Instant::now();
     while tally.done.load(Ordering::SeqCst) < 100 && t.elapsed() < Duration::from_secs(30) {
