@@ -5,7 +5,7 @@ use http::Method;
 use mayfly_types::UploadSummary;
 use mayfly_types::{
     CreateRequest, Event, ExecAudit, ExecRequest, ExecResult, FileStat, MkdirRequest, ProcessInfo,
-    ProcessOutput, RenameRequest, SandboxId, SandboxInfo, SandboxList, SignalRequest,
+    ProcessOutput, RenameRequest, RunRequest, SandboxId, SandboxInfo, SandboxList, SignalRequest,
     StartProcessRequest,
 };
 
@@ -100,13 +100,36 @@ impl Client {
         req: &ExecRequest,
     ) -> Result<ExecStream, ClientError> {
         let path = format!("{}/exec", sandbox(id));
+        let (resp, what) = self.post_for_events(&path, json_body(req)?).await?;
+        Ok(ExecStream::new(resp.into_body(), what))
+    }
+
+    /// `POST /v1/run`: one command in a sandbox the daemon makes for it and
+    /// destroys when the command ends (or this stream is dropped). Returns
+    /// the sandbox's id and the command's stream, as for
+    /// [`Client::exec_stream`].
+    pub async fn run(&self, req: &RunRequest) -> Result<(SandboxId, ExecStream), ClientError> {
+        let (resp, what) = self.post_for_events("/v1/run", json_body(req)?).await?;
+        let id = resp
+            .headers()
+            .get("x-mayfly-sandbox")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<SandboxId>().ok())
+            .ok_or_else(|| ClientError::Protocol {
+                request: what.clone(),
+                reason: "the answer does not name its sandbox (X-Mayfly-Sandbox)".to_owned(),
+            })?;
+        Ok((id, ExecStream::new(resp.into_body(), what)))
+    }
+
+    /// A POST answered with `text/event-stream`.
+    async fn post_for_events(
+        &self,
+        path: &str,
+        body: Body,
+    ) -> Result<(hyper::Response<hyper::body::Incoming>, String), ClientError> {
         let (resp, what) = self
-            .call(
-                Method::POST,
-                &path,
-                json_body(req)?,
-                Some("text/event-stream"),
-            )
+            .call(Method::POST, path, body, Some("text/event-stream"))
             .await?;
         let is_sse = resp
             .headers()
@@ -119,7 +142,7 @@ impl Client {
                 reason: "expected a text/event-stream answer".to_owned(),
             });
         }
-        Ok(ExecStream::new(resp.into_body(), what))
+        Ok((resp, what))
     }
 
     /// `POST /v1/sandboxes/{id}/processes`: starts a background command.

@@ -42,7 +42,7 @@ use crate::sandboxes::IdParam;
 use crate::{AppError, AppState};
 
 /// A comment line this often keeps idle streams alive through proxies.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Query parameters of `POST …/exec`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -111,7 +111,7 @@ pub(crate) fn accepts_event_stream(headers: &HeaderMap) -> bool {
 /// Turns the engine's channel into SSE events, one per engine event, as they
 /// arrive. Ends after `exit` (the exec's round trip, timed by `timer`), or
 /// with `error` if the channel closes first.
-fn sse_events(
+pub(crate) fn sse_events(
     rx: ExecStream,
     timer: ExecTimer,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {

@@ -26,6 +26,7 @@ mod openapi;
 mod pools;
 mod processes;
 mod routes;
+mod run;
 mod sandboxes;
 mod tenancy;
 

@@ -6,7 +6,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
-use crate::{events, exec, files, metrics, observe, pools, processes, routes, sandboxes, tenancy};
+use crate::{
+    events, exec, files, metrics, observe, pools, processes, routes, run, sandboxes, tenancy,
+};
 
 /// Mayfly's API description. Every handler is listed; a test checks the
 /// document against the route table.
@@ -30,6 +32,7 @@ use crate::{events, exec, files, metrics, observe, pools, processes, routes, san
         sandboxes::destroy_sandbox,
         sandboxes::keepalive,
         exec::exec,
+        run::run,
         processes::start_process,
         processes::list_processes,
         processes::wait_process,

@@ -14,8 +14,8 @@ use mayfly_engine::SandboxApi;
 
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
 use crate::{
-    auth, events, exec, files, metrics, observe, openapi, pools, processes, sandboxes, tenancy,
-    AppState, ServerOptions,
+    auth, events, exec, files, metrics, observe, openapi, pools, processes, run, sandboxes,
+    tenancy, AppState, ServerOptions,
 };
 
 /// Builds the API router over `api`.
@@ -69,6 +69,7 @@ fn table() -> Routes {
         .add(Method::GET, SANDBOX, get(get_sandbox))
         .add(Method::DELETE, SANDBOX, delete(destroy_sandbox))
         .add(Method::POST, "/v1/sandboxes/{id}/exec", post(exec))
+        .add(Method::POST, "/v1/run", post(run::run))
         .add(
             Method::POST,
             "/v1/sandboxes/{id}/keepalive",

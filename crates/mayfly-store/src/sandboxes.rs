@@ -247,12 +247,13 @@ impl Store {
         id: &SandboxId,
         tenant: &str,
         labels: &BTreeMap<String, String>,
+        claimed_at: UnixMillis,
         expires_at: UnixMillis,
         claim_ms: f64,
         detail: &serde_json::Value,
     ) -> Result<(), StoreError> {
         let labels = serde_json::to_string(labels).map_err(json_bug)?;
-        let now = self.now();
+        let now = claimed_at;
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let changed = tx

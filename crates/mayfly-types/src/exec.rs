@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::Bytes64;
+use crate::{Bytes64, CreateRequest};
 
 /// Default cap on each of stdout and stderr kept for a buffered result.
 pub const DEFAULT_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
@@ -34,6 +34,18 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Cap on each of stdout and stderr; the rest is discarded and flagged.
     pub output_limit: Option<u64>,
+}
+
+/// `POST /v1/run`: one command in a sandbox made for it, destroyed as soon
+/// as the command ends (or the client goes away).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// The sandbox, as for `POST /v1/sandboxes`; a matching warm pool serves it.
+    #[serde(default)]
+    pub sandbox: CreateRequest,
+    /// The command.
+    pub exec: ExecRequest,
 }
 
 /// How a command ended.

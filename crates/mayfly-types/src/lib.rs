@@ -20,7 +20,8 @@ pub use error::{ApiError, ErrorCode};
 pub use event::{Event, ExecAudit};
 pub use exec::{
     ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, ProcessOutput, ProcessState,
-    SignalRequest, StartProcessRequest, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT, MAX_TIMEOUT_MS,
+    RunRequest, SignalRequest, StartProcessRequest, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT,
+    MAX_TIMEOUT_MS,
 };
 pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, UploadSummary, MAX_FILE_BYTES};
 pub use id::{IdError, SandboxId};

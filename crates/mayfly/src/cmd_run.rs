@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use mayfly_engine::park::{self, ClaimRequest, ParkPlan};
 
 use mayfly_engine::{Caller, Engine, EngineConfig, SandboxApi, Zygote};
-use mayfly_types::{ExecEvent, ExecRequest};
+use mayfly_types::{ExecEvent, ExecRequest, RunRequest};
 
 use crate::cli::{Cli, CommandArgs, RunArgs};
 use crate::output;
@@ -129,24 +129,27 @@ async fn run_remote(
     exec: ExecRequest,
 ) -> anyhow::Result<i32> {
     let client = cli.client()?;
-    let sb = client.create(&create).await?;
-    let result = async {
-        if cli.json {
-            let r = client.exec(&sb.id, &exec).await?;
-            return output::finish(&r, true);
-        }
-        let mut stream = client.exec_stream(&sb.id, &exec).await?;
-        while let Some(ev) = stream.next_event().await? {
-            if let ExecEvent::Exit(r) = &ev {
-                return output::finish(r, false);
-            }
-            output::write_event(&ev)?;
-        }
-        anyhow::bail!("the daemon ended the stream without an exit status")
+    if cli.json {
+        // The buffered result keeps the output in the JSON document.
+        let sb = client.create(&create).await?;
+        let result = client.exec(&sb.id, &exec).await;
+        client.destroy(&sb.id).await?;
+        return output::finish(&result?, true);
     }
-    .await;
-    client.destroy(&sb.id).await?;
-    result
+    // One request: the daemon destroys the sandbox when the command ends.
+    let req = RunRequest {
+        sandbox: create,
+        exec,
+    };
+    let (id, mut stream) = client.run(&req).await?;
+    tracing::debug!(%id, "running");
+    while let Some(ev) = stream.next_event().await? {
+        if let ExecEvent::Exit(r) = &ev {
+            return output::finish(r, false);
+        }
+        output::write_event(&ev)?;
+    }
+    anyhow::bail!("the daemon ended the stream of sandbox {id} without an exit status")
 }
 
 async fn run_local(

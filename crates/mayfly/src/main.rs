@@ -72,13 +72,21 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         _ => (None, None),
     };
     init_tracing(daemon);
-    // One worker is enough for the CLI, a one-shot engine included (its
-    // stub is made on the worker while `block_on` opens the store on this
-    // thread); each thread is one more to wake and tear down at exit.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(if daemon { 2 } else { 1 })
-        .enable_all()
-        .build()?;
+    // A one-shot engine needs one worker (its stub is made on the worker
+    // while `block_on` opens the store on this thread). A client command
+    // runs on this thread alone: a worker would be one more thread to
+    // start, wake for every response and tear down at exit, which on a
+    // busy host costs more than the requests themselves.
+    let rt = if daemon || one_shot.is_some() {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(if daemon { 2 } else { 1 })
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    };
     let code = rt.block_on(async move {
         match cli.command {
             Command::Serve(ref a) => cmd_serve::serve(&cli, a, zygote.expect("zygote")).await,

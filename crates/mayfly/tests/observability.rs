@@ -278,7 +278,16 @@ async fn metrics_of_a_real_daemon_parse_and_count_what_happened() {
     assert!(ready, "the pool gauge never showed the booted sandbox");
     let c = d.create().await;
     assert_eq!(c.source, mayfly_types::SandboxSource::Pool);
-    let m = metrics(&d).await;
+    // The claim is counted from its `claimed` event, which is committed
+    // just after the claim is answered.
+    let mut m = metrics(&d).await;
+    for _ in 0..100 {
+        if openmetrics::value(&m, "mayfly_claim_seconds_count", &[]) == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        m = metrics(&d).await;
+    }
     let v = |name: &str, labels: &[(&str, &str)]| openmetrics::value(&m, name, labels);
     assert_eq!(v("mayfly_creates_total", &[("source", "pool")]), Some(1.0));
     assert_eq!(v("mayfly_claim_seconds_count", &[]), Some(1.0));

@@ -113,6 +113,7 @@ impl SandboxApi for Engine {
     }
 
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError> {
+        self.settle(id).await;
         let info = self.info(id)?;
         if unclaimed(&info) {
             return Err(EngineError::NoSuchSandbox(id.clone()));
@@ -121,6 +122,7 @@ impl SandboxApi for Engine {
     }
 
     async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError> {
+        self.settle_all().await;
         Ok(self
             .inner
             .store
@@ -145,6 +147,7 @@ impl SandboxApi for Engine {
         }
         match self.lookup(id) {
             Ok(sb) => {
+                sb.settled().await;
                 tracing::debug!(%id, caller = %caller.name, "destroy");
                 // Answer once the sandbox is dead (its init and every process
                 // in it are SIGKILLed); cleanup finishes in the background.
@@ -311,6 +314,7 @@ impl SandboxApi for Engine {
     }
 
     async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, EngineError> {
+        self.settle(id).await;
         self.info(id)?;
         Ok(self.inner.store.execs(id)?)
     }

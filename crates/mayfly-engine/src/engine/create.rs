@@ -126,7 +126,7 @@ impl Engine {
     ) -> Result<SandboxInfo, EngineError> {
         let t0 = Instant::now();
         let boot = self.check_create(req, caller)?;
-        if let Some(info) = self.claim_from_pool(&boot, caller, t0)? {
+        if let Some(info) = self.claim_from_pool(&boot, caller, t0).await? {
             return Ok(info);
         }
         // The daemon's cap and the tenant's quotas; given back on any failure.

@@ -24,6 +24,7 @@ impl Engine {
         sb: Arc<Sandbox>,
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
+        sb.settled().await;
         if !self.stop_sandbox(&sb, reason) {
             let notified = sb.destroyed.notified();
             if !sb.done.load(Ordering::SeqCst) {

@@ -277,6 +277,7 @@ impl Engine {
         ttl_secs: Option<u64>,
     ) -> Result<mayfly_types::SandboxInfo, EngineError> {
         let sb = self.lookup(id)?;
+        sb.settled().await;
         if sb.is_stopping() {
             return Err(EngineError::NotReady {
                 id: id.clone(),
@@ -378,6 +379,29 @@ impl Engine {
             .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
         sb.touch();
         Ok(sb)
+    }
+
+    /// Waits until a claim of `id` being recorded is committed (see
+    /// `Sandbox::record`), so that reading its record sees the claim.
+    async fn settle(&self, id: &SandboxId) {
+        if let Some(sb) = self.lookup_any(id) {
+            sb.settled().await;
+        }
+    }
+
+    /// [`Engine::settle`] for every live sandbox.
+    async fn settle_all(&self) {
+        let all: Vec<_> = self
+            .inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for sb in all {
+            sb.settled().await;
+        }
     }
 
     /// Any live sandbox, claimed or not (for the engine's own use).

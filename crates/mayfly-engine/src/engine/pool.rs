@@ -19,7 +19,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mayfly_types::{PoolInfo, PoolSpec, ResolvedLimits, SandboxId, SandboxInfo, TemplateRef};
+use mayfly_types::{
+    PoolInfo, PoolSpec, ResolvedLimits, SandboxId, SandboxInfo, SandboxSource, SandboxState,
+    TemplateRef,
+};
 
 use super::create::{base_env, check_template, Boot};
 use super::{now_ms, Engine};
@@ -32,6 +35,18 @@ pub const DEFAULT_REFILL_CONCURRENCY: u32 = 1;
 pub const MAX_REFILL_CONCURRENCY: u32 = 16;
 /// How long a pool waits after a failed boot before it tries again.
 pub(crate) const FAILURE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What a claim's record says, committed after the claim is answered.
+struct ClaimRecord {
+    pool: String,
+    tenant: String,
+    caller: String,
+    template: String,
+    labels: std::collections::BTreeMap<String, String>,
+    claimed_at: u64,
+    expires_at: u64,
+    claim_ms: f64,
+}
 
 /// One pool: its settings and its unclaimed sandboxes.
 pub(crate) struct Pool {
@@ -101,7 +116,7 @@ impl Engine {
 
     /// Serves `boot` from a pool whose template and limits it matches:
     /// `None` when no pool fits or the fitting one is empty.
-    pub(crate) fn claim_from_pool(
+    pub(crate) async fn claim_from_pool(
         &self,
         boot: &Boot,
         caller: &Caller,
@@ -154,46 +169,101 @@ impl Engine {
                 }
             };
             let tenant = boot.tenant.clone().unwrap_or_default();
+            // Held until the record below is committed: a read or change of
+            // the record (get, destroy, keepalive, TTL) waits for it.
+            let record = sb.record.clone().write_owned().await;
             *sb.env.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(base_env(&id, &boot.env));
             *sb.tenant.write().unwrap_or_else(|p| p.into_inner()) = Some(tenant.clone());
-            let expires_at = now_ms() + boot.ttl_secs * 1000;
+            let claimed_at = now_ms();
+            let expires_at = claimed_at + boot.ttl_secs * 1000;
             sb.expires_at.store(expires_at, Ordering::Relaxed);
             sb.idle_ms.store(boot.idle_secs * 1000, Ordering::Relaxed);
             sb.touch();
-            let claim_ms = t0.elapsed().as_secs_f64() * 1000.0;
-            let detail = serde_json::json!({
-                "claim_us": (claim_ms * 1000.0).round() as u64,
-                "pool": pool,
-                "tenant": tenant,
-                "caller": caller.name,
-                "template": boot.template.to_string(),
-                "source": "pool",
-            });
-            let t_store = Instant::now();
-            let claimed = self.inner.store.claim_pooled(
-                &id,
-                &tenant,
-                &boot.labels,
-                expires_at,
-                claim_ms,
-                &detail,
-            );
-            if let Err(e) = claimed {
-                // Never hand out a sandbox whose record does not say whose
-                // it is; it goes, and the create fails.
-                self.destroy_in_background(sb, "claim_failed");
-                return Err(e.into());
-            }
             admission.commit(&id);
             sb.pooled.store(false, Ordering::SeqCst);
-            let t_info = Instant::now();
-            let info = self.info(&id).map(Some);
-            tracing::debug!(%id, claim_ms, store = ?t_info - t_store, info = ?t_info.elapsed(), "claim timings");
-            // Refill only once this claim is answered: a boot started
-            // earlier would compete with it for the store and the CPU.
-            self.inner.pools.wake.notify_one();
-            return info;
+            let claim_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let info = SandboxInfo {
+                id: id.clone(),
+                state: SandboxState::Ready,
+                template: boot.template.clone(),
+                created_at: claimed_at,
+                expires_at,
+                limits: boot.limits,
+                labels: boot.labels.clone(),
+                uid_base: sb.uid_base,
+                init_pid: u32::try_from(sb.init_pid).ok(),
+                reason: None,
+                create_ms: Some(claim_ms),
+                tenant: Some(tenant.clone()),
+                source: SandboxSource::Pool,
+            };
+            self.record_claim(
+                sb,
+                record,
+                ClaimRecord {
+                    pool,
+                    tenant,
+                    caller: caller.name.clone(),
+                    template: boot.template.to_string(),
+                    labels: boot.labels.clone(),
+                    claimed_at,
+                    expires_at,
+                    claim_ms,
+                },
+            );
+            return Ok(Some(info));
         }
+    }
+
+    /// Commits a claim's record off the answer path (the claim is already
+    /// answered), then releases the sandbox's record lock. The sandbox
+    /// cannot outlive the daemon, so a claim whose record is lost to a
+    /// crash in that window leaves a record of an unclaimed pool sandbox
+    /// that ended with the daemon, which is what every durable trace of it
+    /// says. A commit that fails destroys the sandbox (reason
+    /// `claim_failed`): nothing runs in a sandbox whose record does not say
+    /// whose it is.
+    fn record_claim(
+        &self,
+        sb: Arc<super::sandbox::Sandbox>,
+        record: tokio::sync::OwnedRwLockWriteGuard<()>,
+        c: ClaimRecord,
+    ) {
+        let engine = self.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let detail = serde_json::json!({
+                "claim_us": (c.claim_ms * 1000.0).round() as u64,
+                "pool": c.pool,
+                "tenant": c.tenant,
+                "caller": c.caller,
+                "template": c.template,
+                "source": "pool",
+            });
+            let t = Instant::now();
+            let done = engine.inner.store.claim_pooled(
+                &sb.id,
+                &c.tenant,
+                &c.labels,
+                c.claimed_at,
+                c.expires_at,
+                c.claim_ms,
+                &detail,
+            );
+            drop(record);
+            tracing::debug!(id = %sb.id, claim_ms = c.claim_ms, record = ?t.elapsed(), "claim recorded");
+            if let Err(e) = done {
+                tracing::error!(id = %sb.id, error = %e, "recording a claim failed; destroying the sandbox");
+                engine.destroy_in_background(sb, "claim_failed");
+            }
+            // Refill only once this claim is answered and recorded: a boot
+            // started earlier would compete with it for the store and the CPU.
+            engine.inner.pools.wake.notify_one();
+        });
+        // Shutdown waits for the record like for a destroy.
+        let task = tokio::spawn(async move {
+            let _ = task.await;
+        });
+        self.track_cleanup(task);
     }
 
     /// Returns an unclaimed sandbox to the front of its pool after a refused

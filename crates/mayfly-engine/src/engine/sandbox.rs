@@ -58,6 +58,11 @@ pub(crate) struct Sandbox {
     /// OOM kills already recorded as events (the cgroup's count when last
     /// looked at).
     pub oom_seen: AtomicU64,
+    /// The record's write lock while a pool claim's record is being
+    /// committed (after the claim is answered). Whatever reads or changes
+    /// the record first waits for it ([`Sandbox::settled`]), so it sees the
+    /// claim and never overtakes it.
+    pub record: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Sandbox {
@@ -100,6 +105,7 @@ impl Sandbox {
             done: AtomicBool::new(false),
             lease,
             oom_seen: AtomicU64::new(0),
+            record: Arc::new(tokio::sync::RwLock::new(())),
         }
     }
 
@@ -135,6 +141,11 @@ impl Sandbox {
                 .unwrap_or_else(|p| p.into_inner())
                 .values()
                 .all(|p| p.status.borrow().is_some())
+    }
+
+    /// Waits until no claim record is being written for this sandbox.
+    pub async fn settled(&self) {
+        drop(self.record.read().await);
     }
 
     pub fn is_pooled(&self) -> bool {
