@@ -78,7 +78,7 @@ struct Cycle {
 /// Creates a sandbox, destroys it, waits until it is fully gone.
 async fn cycle(d: &Daemon, host: &Host, ledger: &mut Ledger, first: bool) -> anyhow::Result<Cycle> {
     let (sb, create_took) = create(&d.client, ledger).await?;
-    let traces = sandbox_traces(host, &d.state_dir, sb.id.as_str());
+    let traces = sandbox_traces(host, &d.scratch_root, sb.id.as_str());
     if first {
         // If none of the paths we wait on exists, "cleanup" would be
         // measured as instant: check that they name real things.

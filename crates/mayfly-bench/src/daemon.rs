@@ -37,16 +37,23 @@ impl Drop for Scratch {
 #[derive(Debug)]
 pub struct Daemon {
     child: Option<Child>,
-    pub state_dir: PathBuf,
+    /// Where the daemon keeps sandbox directories and trash: its
+    /// `--scratch` directory, or the state directory.
+    pub scratch_root: PathBuf,
     pub socket: PathBuf,
     pub client: Client,
     log: PathBuf,
 }
 
 impl Daemon {
-    /// Starts `mayfly --socket S --state-dir D serve` in `dir` and waits until
-    /// it answers `/healthz`.
-    pub async fn start(mayfly: &Path, dir: &Path, max_sandboxes: u32) -> anyhow::Result<Daemon> {
+    /// Starts `mayfly --socket S --state-dir D serve` in `dir` (with
+    /// `--scratch` if given) and waits until it answers `/healthz`.
+    pub async fn start(
+        mayfly: &Path,
+        dir: &Path,
+        max_sandboxes: u32,
+        scratch: Option<&Path>,
+    ) -> anyhow::Result<Daemon> {
         let socket = dir.join("mayfly.sock");
         let state_dir = dir.join("state");
         let log = dir.join("daemon.log");
@@ -66,6 +73,7 @@ impl Daemon {
                 "--pool",
                 "host=0",
             ])
+            .args(scratch.iter().flat_map(|s| [Path::new("--scratch"), s]))
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
@@ -75,7 +83,7 @@ impl Daemon {
             child: Some(child),
             client: Client::unix(&socket),
             socket,
-            state_dir,
+            scratch_root: scratch.map_or(state_dir, Path::to_path_buf),
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(30);

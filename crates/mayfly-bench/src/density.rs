@@ -188,7 +188,7 @@ pub async fn measure(
         if let Err(e) = call(format!("destroying {}", sb.id), d.client.destroy(&sb.id)).await {
             report.note(format!("Density: {e:#}"));
         }
-        traces.extend(sandbox_traces(host, &d.state_dir, sb.id.as_str()));
+        traces.extend(sandbox_traces(host, &d.scratch_root, sb.id.as_str()));
     }
     let destroy_total = t.elapsed();
     let limit = destroy_total + CLEANUP_LIMIT;

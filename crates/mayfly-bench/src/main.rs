@@ -85,6 +85,13 @@ struct Opts {
     /// Sandboxes the refill measure boots into an empty pool.
     #[arg(long, global = true, default_value_t = 200)]
     refill_target: u32,
+    /// Passed to the daemon as `--scratch`: where sandboxes' writable layers
+    /// live (e.g. a directory on /dev/shm). Default: its state directory.
+    #[arg(long, global = true)]
+    scratch: Option<PathBuf>,
+    /// Boots at once in the refill measure (0: two per core).
+    #[arg(long, global = true, default_value_t = 0)]
+    refill_concurrency: u32,
     /// Sandboxes alive at once for the density measure.
     #[arg(long, global = true, default_value_t = 1000)]
     sandboxes: usize,
@@ -202,7 +209,7 @@ async fn api_measures(
     let host = Host::default();
     let mut ledger = Ledger::default();
     let max = (o.sandboxes + 8).max(4096) as u32;
-    let mut d = match Daemon::start(mayfly, &scratch.path, max).await {
+    let mut d = match Daemon::start(mayfly, &scratch.path, max, o.scratch.as_deref()).await {
         Ok(d) => d,
         Err(e) => {
             report.note(format!(
@@ -240,7 +247,7 @@ async fn api_measures(
             ok = false;
         }
         eprintln!("mayfly-bench: refill of {} sandboxes", o.refill_target);
-        if let Err(e) = pool::refill(&d, o.refill_target, report).await {
+        if let Err(e) = pool::refill(&d, o.refill_target, o.refill_concurrency, report).await {
             report.note(format!("The refill measure failed: {e:#}"));
             ok = false;
         }
@@ -280,7 +287,7 @@ fn leak_check(
     let paths: Vec<PathBuf> = ledger
         .ids
         .iter()
-        .flat_map(|id| sandbox_traces(host, &d.state_dir, id))
+        .flat_map(|id| sandbox_traces(host, &d.scratch_root, id))
         .filter(|p| p.exists())
         .collect();
     let procs: Vec<u32> = ledger

@@ -85,17 +85,35 @@ pub async fn claims(
     Ok(())
 }
 
-/// Refill rate: from an empty pool to `target` booted sandboxes with one
-/// boot per core at once; sandboxes per second per core.
-pub async fn refill(d: &Daemon, target: u32, report: &mut Report) -> anyhow::Result<()> {
+/// Refill rate: from an empty pool to `target` booted sandboxes with
+/// `concurrency` boots at once (0: two per core); sandboxes per second per core.
+pub async fn refill(
+    d: &Daemon,
+    target: u32,
+    concurrency: u32,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let c = &d.client;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    // A boot spends part of its time waiting on the kernel (RCU grace
+    // periods of cgroup and namespace setup), so two per core keep the
+    // cores busier than one.
+    let conc = if concurrency == 0 {
+        2 * cores
+    } else {
+        concurrency
+    };
     settle(c, 0, Duration::from_secs(30)).await?;
     let t = Instant::now();
-    set_pool(c, target, cores).await?;
+    set_pool(c, target, conc).await?;
     settle(c, target, Duration::from_secs(120)).await?;
     let took = t.elapsed();
-    report.refill = Some((target, cores, took));
+    report.refill = Some(crate::report::Refill {
+        sandboxes: target,
+        cores,
+        concurrency: conc,
+        took,
+    });
     call("draining the pool", c.drain_pool(POOL)).await?;
     Ok(())
 }

@@ -62,6 +62,16 @@ const MEASURES: [(&str, &str); 23] = [
 
 const MIB: f64 = 1024.0;
 
+/// The refill measure: `sandboxes` booted into an empty pool, `concurrency`
+/// at once, on `cores` cores, in `took`.
+#[derive(Debug, Clone, Copy)]
+pub struct Refill {
+    pub sandboxes: u32,
+    pub cores: u32,
+    pub concurrency: u32,
+    pub took: std::time::Duration,
+}
+
 /// Everything one run measured.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -69,7 +79,7 @@ pub struct Report {
     notes: Vec<String>,
     pub density: Option<Density>,
     /// Sandboxes booted, boots at once, and how long the pool took to fill.
-    pub refill: Option<(u32, u32, std::time::Duration)>,
+    pub refill: Option<Refill>,
     pub load: Option<Load>,
     pub machine: BTreeMap<&'static str, String>,
     pub versions: BTreeMap<&'static str, String>,
@@ -255,12 +265,15 @@ impl Report {
         push(
             "pool refill rate",
             "≥ 200 sandboxes per second per core",
-            self.refill.map(|(n, cores, took)| {
-                let per_core = n as f64 / took.as_secs_f64() / cores.max(1) as f64;
+            self.refill.map(|r| {
+                let per_core = r.sandboxes as f64 / r.took.as_secs_f64() / r.cores.max(1) as f64;
                 (
                     format!(
-                        "{per_core:.0}/s per core ({n} in {:.2} s, {cores} at once)",
-                        took.as_secs_f64()
+                        "{per_core:.0}/s per core ({} in {:.2} s on {} cores, {} boots at once)",
+                        r.sandboxes,
+                        r.took.as_secs_f64(),
+                        r.cores,
+                        r.concurrency
                     ),
                     per_core >= 200.0,
                 )
@@ -460,7 +473,7 @@ impl Report {
             "machine": self.machine, "versions": self.versions, "command": self.command,
             "measures": measures, "targets": verdicts,
             "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
-            "refill": self.refill.map(|(n, cores, took)| json!({"sandboxes": n, "concurrency": cores, "seconds": took.as_secs_f64()})),
+            "refill": self.refill.map(|r| json!({"sandboxes": r.sandboxes, "cores": r.cores, "concurrency": r.concurrency, "seconds": r.took.as_secs_f64()})),
             "load": self.load.as_ref().map(|l| json!({"clients": l.clients, "total": l.total, "seconds": l.wall.as_secs_f64(), "per_second": l.rate(), "errors": l.errors, "throttled": l.throttled, "from_pool": l.from_pool, "first_error": l.first_error})),
         })
     }

@@ -144,6 +144,13 @@ pub struct ServeArgs {
     #[arg(long = "pool", value_parser = crate::cmd_pool::parse_pool_flag,
           default_value = "host=4")]
     pub pools: Vec<(String, mayfly_types::PoolSpec)>,
+    /// Keep the sandboxes' writable layers, mount points and trash here
+    /// instead of in the state directory. On a tmpfs (e.g. /dev/shm/mayfly)
+    /// boots and destroys cost a third as much CPU on these hosts' ext4 (no
+    /// journal), and what a sandbox writes is held in memory, charged to its
+    /// memory limit.
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
 }
 
 /// What the daemon does with live sandboxes when asked to stop.

@@ -16,6 +16,7 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         default_idle: a.idle_timeout,
         max_sandboxes: a.max_sandboxes,
         pools: a.pools.clone(),
+        scratch_dir: a.scratch.clone(),
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;

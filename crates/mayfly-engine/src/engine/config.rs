@@ -1,10 +1,12 @@
 //! The engine's configuration, with embedded defaults.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mayfly_sys::cgroup::CgroupLayout;
 use mayfly_types::ResolvedLimits;
+
+use crate::EngineError;
 
 /// Host uids from here up are Mayfly's: slot `n` owns `[start + n·65536,
 /// start + (n+1)·65536)`. 2^30 is far above any distribution's subuid ranges.
@@ -46,6 +48,10 @@ pub struct EngineConfig {
     pub park: Option<crate::park::ParkPlan>,
     /// Warm pools set up at start, by name (changeable through the API).
     pub pools: Vec<(String, mayfly_types::PoolSpec)>,
+    /// A directory for the sandboxes' writable layers, mount points and
+    /// trash instead of the state directory, e.g. on a tmpfs (see
+    /// `Engine::new`). None: in the state directory.
+    pub scratch_dir: Option<PathBuf>,
 }
 
 /// The host-wide directory of spare namespaces for daemonless runs.
@@ -71,13 +77,20 @@ impl Default for EngineConfig {
             spare_ns_dir: None,
             park: None,
             pools: Vec::new(),
+            scratch_dir: None,
         }
     }
 }
 
 impl EngineConfig {
+    /// Where the sandboxes' writable layers, mount points and trash live:
+    /// the scratch directory if one is set, else the state directory.
+    pub fn scratch_root(&self) -> &std::path::Path {
+        self.scratch_dir.as_deref().unwrap_or(&self.state_dir)
+    }
+
     pub fn sandboxes_dir(&self) -> PathBuf {
-        self.state_dir.join("sandboxes")
+        self.scratch_root().join("sandboxes")
     }
 
     pub fn templates_dir(&self) -> PathBuf {
@@ -92,7 +105,7 @@ impl EngineConfig {
     }
 
     pub fn trash_dir(&self) -> PathBuf {
-        self.state_dir.join("trash")
+        self.scratch_root().join("trash")
     }
 
     pub fn uid_base(slot: u32) -> u32 {
@@ -102,6 +115,43 @@ impl EngineConfig {
     pub fn slots(&self) -> u32 {
         self.max_sandboxes.min(MAX_SLOTS)
     }
+}
+
+/// Prepares a scratch directory: made (0711) if missing, and refused
+/// unless it is a real directory (not a symlink) owned by the state
+/// directory's owner and writable by nobody else. It may sit in a
+/// world-writable place such as `/dev/shm`, where another user could have
+/// made it first to watch or steer what sandboxes write.
+pub(crate) fn check_scratch(dir: &Path, state_dir: &Path) -> Result<(), EngineError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let bad = |why: String| {
+        EngineError::Invalid(format!("the scratch directory {}: {why}", dir.display()))
+    };
+    if !dir.is_absolute() {
+        return Err(bad("must be an absolute path".into()));
+    }
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| EngineError::Internal(format!("preparing {}: {e}", state_dir.display())))?;
+    match std::fs::DirBuilder::new().mode(0o711).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(bad(format!("cannot be made: {e}"))),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| bad(e.to_string()))?;
+    let owner = std::fs::metadata(state_dir)
+        .map_err(|e| EngineError::Internal(format!("reading {}: {e}", state_dir.display())))?
+        .uid();
+    if !meta.file_type().is_dir() {
+        return Err(bad("is not a directory (a symlink is refused)".into()));
+    }
+    if meta.uid() != owner || meta.mode() & 0o022 != 0 {
+        return Err(bad(format!(
+            "must be owned by uid {owner} and writable by it alone (it is uid {}, mode {:o})",
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

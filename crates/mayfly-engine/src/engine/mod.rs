@@ -109,8 +109,12 @@ impl Engine {
         // The state directory and `sandboxes/` are traverse-only for others
         // (0711): each sandbox's init reaches its mount point through them
         // as the sandbox's root, an unprivileged uid on the host.
+        if let Some(scratch) = &cfg.scratch_dir {
+            config::check_scratch(scratch, &cfg.state_dir)?;
+        }
         for d in [
             cfg.state_dir.clone(),
+            cfg.scratch_root().to_path_buf(),
             cfg.sandboxes_dir(),
             cfg.stubs_dir(),
             cfg.trash_dir(),
