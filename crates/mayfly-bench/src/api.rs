@@ -38,13 +38,17 @@ where
 #[derive(Debug, Default)]
 pub struct Ledger {
     pub ids: Vec<String>,
-    pub init_pids: Vec<u32>,
+    /// Each sandbox's init pid with its start time, so that a later
+    /// process that reuses the pid is not taken for it.
+    pub init_pids: Vec<(u32, Option<u64>)>,
 }
 
 impl Ledger {
     pub fn note(&mut self, sb: &SandboxInfo) {
         self.ids.push(sb.id.to_string());
-        self.init_pids.extend(sb.init_pid);
+        let host = Host::default();
+        self.init_pids
+            .extend(sb.init_pid.map(|p| (p, host.start_time(p))));
     }
 }
 

@@ -95,6 +95,30 @@ impl Host {
             .ok()
             .is_some_and(|s| !matches!(stat_state(&s), Some('Z' | 'X')))
     }
+
+    /// The start time (clock ticks since boot) of process `pid`, which
+    /// tells a process from a later one that got the same pid.
+    pub fn start_time(&self, pid: u32) -> Option<u64> {
+        let stat = std::fs::read_to_string(self.proc.join(format!("{pid}/stat"))).ok()?;
+        stat_start_time(&stat)
+    }
+
+    /// Whether the process that had `pid` at `start` still runs.
+    pub fn still_running(&self, pid: u32, start: Option<u64>) -> bool {
+        self.running(pid) && (start.is_none() || self.start_time(pid) == start)
+    }
+}
+
+/// Field 22 (`starttime`) of a `/proc/PID/stat` line.
+pub fn stat_start_time(stat: &str) -> Option<u64> {
+    // Fields after the command name: state is field 3, so starttime is
+    // the 20th of them.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
 }
 
 /// The paths whose disappearance means a sandbox is fully cleaned up.
@@ -210,6 +234,9 @@ mod tests {
         assert_eq!(stat_state("42 (mayfly) S 1 42 42 0"), Some('S'));
         assert_eq!(stat_state("42 (a) b) Z 1 42"), Some('Z'));
         assert_eq!(stat_state("garbage"), None);
+        let line = "7 (a b) S 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 1000 1";
+        assert_eq!(stat_start_time(line), Some(4242));
+        assert_eq!(stat_start_time("7 (x) S 1"), None);
     }
 
     #[test]

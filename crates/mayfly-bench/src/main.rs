@@ -293,8 +293,8 @@ fn leak_check(
     let procs: Vec<u32> = ledger
         .init_pids
         .iter()
-        .copied()
-        .filter(|p| host.running(*p))
+        .filter(|(p, start)| host.still_running(*p, *start))
+        .map(|(p, _)| *p)
         .collect();
     let mounts = host.mounts_mentioning(&scratch.display().to_string());
     let clean = paths.is_empty() && procs.is_empty() && mounts.is_empty();
