@@ -6,7 +6,10 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
-use crate::{events, exec, files, metrics, observe, pools, processes, routes, sandboxes, tenancy};
+use crate::{
+    events, exec, files, forward, metrics, observe, pools, ports, processes, routes, sandboxes,
+    tenancy,
+};
 
 /// Mayfly's API description. Every handler is listed; a test checks the
 /// document against the route table.
@@ -58,6 +61,15 @@ use crate::{events, exec, files, metrics, observe, pools, processes, routes, san
         tenancy::revoke_key,
         observe::usage,
         observe::stats,
+        ports::list_ports,
+        ports::expose_port,
+        ports::unexpose_port,
+        forward::connect_port,
+        ports::set_override,
+        ports::remove_override,
+        ports::list_routes,
+        ports::put_route,
+        ports::delete_route,
     ),
     components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
     modifiers(&BearerOnTcp),
@@ -70,6 +82,7 @@ use crate::{events, exec, files, metrics, observe, pools, processes, routes, san
         (name = "events", description = "Lifecycle events, the exec audit trail, and stats."),
         (name = "pools", description = "Warm pools of booted, never-used sandboxes."),
         (name = "tenants", description = "Tenants, their quotas, and API keys (admin only)."),
+        (name = "gateway", description = "Exposed ports, preview tokens, TCP forwarding, routes and overrides."),
     ),
 )]
 pub struct ApiDoc;
