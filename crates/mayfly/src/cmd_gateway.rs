@@ -43,7 +43,8 @@ pub enum RouteCmd {
     Add {
         name: String,
         /// `http://HOST[:PORT][/PREFIX]`
-        url: String,
+        #[arg(value_name = "URL")]
+        baseline: String,
     },
     /// List the routes.
     Ls,
@@ -153,10 +154,10 @@ pub async fn port_forward(cli: &Cli, a: &ForwardArgs) -> anyhow::Result<i32> {
 pub async fn route(cli: &Cli, cmd: &RouteCmd) -> anyhow::Result<i32> {
     let c = crate::cmd_sandbox::client(cli)?;
     match cmd {
-        RouteCmd::Add { name, url } => {
+        RouteCmd::Add { name, baseline } => {
             check_service_name(name)?;
-            BaselineUrl::parse(url)?;
-            let r = c.put_route(name, url).await?;
+            BaselineUrl::parse(baseline)?;
+            let r = c.put_route(name, baseline).await?;
             if cli.json {
                 output::json(&r)?;
             }
