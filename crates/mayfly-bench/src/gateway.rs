@@ -229,7 +229,7 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
             (direct()?, g1)
         };
         out.throughput.push((d1.rps, g1.rps));
-        let secs = s.seconds.min(5).max(1);
+        let secs = s.seconds.clamp(1, 5);
         let d1 = wrk(&direct_prefix, &load(&direct_url, 1, secs, None))?;
         let g1 = wrk(&["wrk"], &load(&gw_url, 1, secs, Some(&host)))?;
         out.latency_us.push((d1.p50_us, g1.p50_us));
