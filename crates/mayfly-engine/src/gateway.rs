@@ -64,7 +64,8 @@ pub enum RouteTarget {
 /// service routing on it until `gone` closes (the sandbox's destroy began).
 pub struct InSandboxListener {
     pub id: SandboxId,
-    pub listener: tokio::net::TcpListener,
+    /// Non-blocking, for whichever runtime serves it.
+    pub listener: std::net::TcpListener,
     pub gone: watch::Receiver<()>,
 }
 

@@ -167,6 +167,10 @@ pub struct ServeArgs {
     /// services `<service>.<domain>`.
     #[arg(long, default_value = mayfly_server::gateway::DEFAULT_GATEWAY_DOMAIN)]
     pub gateway_domain: String,
+    /// Threads serving the gateway, each with its own event loop and
+    /// upstream connection pool.
+    #[arg(long, default_value_t = 1)]
+    pub gateway_threads: usize,
 }
 
 /// What the daemon does with live sandboxes when asked to stop.

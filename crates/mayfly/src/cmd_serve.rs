@@ -46,7 +46,9 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
     };
     if let Some(l) = gateway {
         tracing::info!(addr = ?l.local_addr().ok(), domain = %a.gateway_domain, "gateway ready");
-        mayfly_server::gateway::Gateway::new(api.clone(), &a.gateway_domain).spawn(l);
+        mayfly_server::gateway::Gateway::new(api.clone(), &a.gateway_domain)
+            .spawn(l, a.gateway_threads)
+            .context("starting the gateway's threads")?;
     }
     let app = mayfly_server::app(api, opts);
     let mut listeners = vec![mayfly_server::bind_unix(&cli.socket).await?];

@@ -211,7 +211,7 @@ impl Engine {
             let sock = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
             sock.set_reuseaddr(true)?;
             sock.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
-            sock.listen(1024)
+            sock.listen(1024)?.into_std()
         })()
         .map_err(|e| {
             gate.ports

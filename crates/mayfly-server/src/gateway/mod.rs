@@ -81,30 +81,59 @@ impl Gateway {
     }
 
     /// Serves the host's gateway listener, and the listeners the engine
-    /// opens inside sandboxes, until the process ends.
-    pub fn spawn(&self, listener: TcpListener) {
-        let gw = self.clone();
-        tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((s, _)) => gw.clone().serve_conn(s, Entry::Host, None),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "gateway accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
+    /// opens inside sandboxes, until the process ends, on `threads` threads
+    /// of its own. Each runs a single-threaded runtime with its own pool of
+    /// upstream connections, so a request, its upstream exchange and the
+    /// relayed body stay on one thread and never wait for the daemon's API
+    /// work (or the API for them).
+    pub fn spawn(self, listener: TcpListener, threads: usize) -> std::io::Result<()> {
+        let listener = listener.into_std()?;
+        let mut inside = self.inner.api.gateway().map(|g| g.in_sandbox_listeners());
+        for i in 0..threads.max(1) {
+            let l = listener.try_clone()?;
+            let (api, domain) = (self.inner.api.clone(), self.inner.domain.clone());
+            let inside = if i == 0 { inside.take() } else { None };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            std::thread::Builder::new()
+                .name(format!("mayfly-gateway-{i}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        // The upstream pool lives on this thread's runtime.
+                        let gw = Gateway::new(api, &domain);
+                        if let Some(mut inside) = inside {
+                            let gw = gw.clone();
+                            tokio::spawn(async move {
+                                while let Some(l) = inside.recv().await {
+                                    tokio::spawn(gw.clone().serve_in_sandbox(l));
+                                }
+                            });
+                        }
+                        gw.accept_loop(l).await;
+                    })
+                })?;
+        }
+        Ok(())
+    }
+
+    async fn accept_loop(self, listener: std::net::TcpListener) {
+        let listener = match TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "the gateway cannot serve its listener");
+                return;
+            }
+        };
+        loop {
+            match listener.accept().await {
+                Ok((s, _)) => self.clone().serve_conn(s, Entry::Host, None),
+                Err(e) => {
+                    tracing::warn!(error = %e, "gateway accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
-        });
-        let Some(api) = self.inner.api.gateway() else {
-            return;
-        };
-        let mut inside = api.in_sandbox_listeners();
-        let gw = self.clone();
-        tokio::spawn(async move {
-            while let Some(l) = inside.recv().await {
-                tokio::spawn(gw.clone().serve_in_sandbox(l));
-            }
-        });
+        }
     }
 
     /// Accepts on a listener inside a sandbox until the sandbox goes.
@@ -115,6 +144,9 @@ impl Gateway {
             mut gone,
         } = l;
         tracing::debug!(%id, "serving the gateway inside the sandbox");
+        let Ok(listener) = TcpListener::from_std(listener) else {
+            return;
+        };
         loop {
             tokio::select! {
                 a = listener.accept() => match a {
