@@ -331,6 +331,30 @@ fn netns_fds(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The inodes of every TCP socket in the network namespace of `pid`.
+fn tcp_inodes_in_netns_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/net/tcp"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(9).map(str::to_owned))
+        .filter(|i| i != "0")
+        .collect()
+}
+
+/// Which of `inodes` the process `pid` holds as socket descriptors.
+fn sockets_held(pid: u32, inodes: &[String]) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|l| l.to_string_lossy().into_owned())
+                .filter(|l| inodes.iter().any(|i| *l == format!("socket:[{i}]")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Anything on the host still holding network namespace `ns` (a process
 /// in it, or a descriptor of it).
 fn holders_of(ns: &str) -> Vec<String> {
@@ -376,6 +400,14 @@ async fn destroy_and_daemon_crash_leave_no_namespace_listener_or_process() {
         vec![ns.clone()],
         "the daemon holds the sandbox's namespace"
     );
+    // The daemon's sockets inside the sandbox: the 15080 listener and the
+    // pooled upstream connection.
+    let inside = tcp_inodes_in_netns_of(init);
+    let held = sockets_held(d.pid, &inside);
+    assert!(
+        held.len() >= 2,
+        "expected a listener and a pooled connection: {held:?}"
+    );
 
     d.client.destroy(&id).await.unwrap();
     let mut left = Vec::new();
@@ -389,6 +421,16 @@ async fn destroy_and_daemon_crash_leave_no_namespace_listener_or_process() {
         "the sandbox's network namespace is still held: {left:?}"
     );
     assert!(netns_fds(d.pid).is_empty());
+    let mut held = Vec::new();
+    let closed = common::eventually(Duration::from_secs(5), || {
+        held = sockets_held(d.pid, &inside);
+        held.is_empty()
+    })
+    .await;
+    assert!(
+        closed,
+        "the daemon still holds sockets of the sandbox: {held:?}"
+    );
     assert_no_leaks(&d.state_dir, &[id.as_str()]);
     let (s, b) = curl(&url, &["-H", &format!("X-Mayfly-Token: {token}")]);
     assert_eq!(
