@@ -64,6 +64,29 @@ struct Wrk {
 pub struct Outcome {
     throughput: Vec<(f64, f64)>,
     latency_us: Vec<(f64, f64)>,
+    /// CPU time per request through the gateway, µs: (daemon, nginx).
+    cpu_us: Vec<(f64, f64)>,
+}
+
+/// CPU time (user + system) a process has used, µs.
+fn cpu_us(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the `)` that ends the command name: utime is the
+    // 12th, stime the 13th, in USER_HZ (100 on every Linux this runs on).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    (field(11) + field(12)) * 10_000
+}
+
+/// The host pid of the nginx serving from the sandbox.
+fn nginx_pid() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd);
+        (cmd.starts_with(NGINX) && cmd.contains("/workspace/nginx.conf")).then_some(pid)
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -82,6 +105,14 @@ impl Outcome {
     /// Median over rounds of (gateway p50 − direct p50), µs.
     pub fn added_us(&self) -> f64 {
         median(self.latency_us.iter().map(|(d, g)| g - d).collect())
+    }
+
+    /// Median CPU per request through the gateway, µs: (daemon, nginx).
+    pub fn cpu_per_request(&self) -> (f64, f64) {
+        (
+            median(self.cpu_us.iter().map(|c| c.0).collect()),
+            median(self.cpu_us.iter().map(|c| c.1).collect()),
+        )
     }
 }
 
@@ -215,11 +246,20 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
                 &load(&direct_url, s.connections, s.seconds, None),
             )
         };
-        let via = || {
-            wrk(
+        let nginx = nginx_pid().unwrap_or(0);
+        let mut cpu = (0.0, 0.0);
+        let mut via = || {
+            let before = (cpu_us(d.pid()), cpu_us(nginx));
+            let w = wrk(
                 &["wrk"],
                 &load(&gw_url, s.connections, s.seconds, Some(&host)),
-            )
+            )?;
+            let n = (w.rps * s.seconds as f64).max(1.0);
+            cpu = (
+                cpu_us(d.pid()).saturating_sub(before.0) as f64 / n,
+                cpu_us(nginx).saturating_sub(before.1) as f64 / n,
+            );
+            anyhow::Ok(w)
         };
         let (d1, g1) = if round % 2 == 0 {
             let d1 = direct()?;
@@ -229,6 +269,7 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
             (direct()?, g1)
         };
         out.throughput.push((d1.rps, g1.rps));
+        out.cpu_us.push(cpu);
         let secs = s.seconds.clamp(1, 5);
         let d1 = wrk(&direct_prefix, &load(&direct_url, 1, secs, None))?;
         let g1 = wrk(&["wrk"], &load(&gw_url, 1, secs, Some(&host)))?;
@@ -294,6 +335,16 @@ pub fn markdown(
         "| added gateway latency | p50 ≤ 200 µs | {added:.0} µs | {} |\n",
         yes(added <= 200.0)
     );
+    let (gw_cpu, ngx_cpu) = o.cpu_per_request();
+    let _ = writeln!(
+        t,
+        "CPU per request through the gateway (user + system, from `/proc/<pid>/stat` around each \
+         throughput run): the daemon {gw_cpu:.0} µs, nginx {ngx_cpu:.0} µs. wrk, nginx and the gateway \
+         share {} vCPUs (with whatever else runs on the host): a proxy does the work of two \
+         connections per request, so on this host the ratio is bound by CPU, not by the latency the \
+         gateway adds.\n",
+        m("nproc")
+    );
     t.push_str("| round | direct req/s | gateway req/s | ratio | direct p50 (c1) | gateway p50 (c1) |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (i, ((d, g), (dl, gl))) in o.throughput.iter().zip(&o.latency_us).enumerate() {
         let _ = writeln!(
@@ -327,6 +378,13 @@ pub fn write_section(file: &Path, section: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_of_this_process_is_read() {
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(60) {}
+        assert!(cpu_us(std::process::id()) > 0);
+    }
 
     #[test]
     fn wrk_output_is_read() {
