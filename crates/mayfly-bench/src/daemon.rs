@@ -47,12 +47,24 @@ pub struct Daemon {
 
 impl Daemon {
     /// Starts `mayfly --socket S --state-dir D serve` in `dir` (with
-    /// `--scratch` if given) and waits until it answers `/healthz`.
+    /// `--scratch` if given, and no gateway) and waits until it answers
+    /// `/healthz`.
     pub async fn start(
         mayfly: &Path,
         dir: &Path,
         max_sandboxes: u32,
         scratch: Option<&Path>,
+    ) -> anyhow::Result<Daemon> {
+        Daemon::start_with(mayfly, dir, max_sandboxes, scratch, &["--gateway", "off"]).await
+    }
+
+    /// [`Daemon::start`] with more `serve` arguments.
+    pub async fn start_with(
+        mayfly: &Path,
+        dir: &Path,
+        max_sandboxes: u32,
+        scratch: Option<&Path>,
+        extra: &[&str],
     ) -> anyhow::Result<Daemon> {
         let socket = dir.join("mayfly.sock");
         let state_dir = dir.join("state");
@@ -74,6 +86,7 @@ impl Daemon {
                 "host=0",
             ])
             .args(scratch.iter().flat_map(|s| [Path::new("--scratch"), s]))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)

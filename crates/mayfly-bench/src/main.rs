@@ -9,6 +9,7 @@
 mod api;
 mod daemon;
 mod density;
+mod gateway;
 mod host;
 mod pool;
 mod report;
@@ -54,6 +55,9 @@ enum Measure {
     /// Warm pools: claim latency, `mayfly run` through a warm daemon
     /// against bwrap, refill rate, and sustained throughput under load.
     Pool,
+    /// The gateway: requests per second through a preview URL against a
+    /// direct connection to the same server, and the latency it adds (wrk).
+    Gateway,
 }
 
 #[derive(Debug, Args)]
@@ -115,6 +119,19 @@ struct Opts {
     /// Also write the JSON report here.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
+    /// Seconds of each wrk run of the gateway measure.
+    #[arg(long, global = true, default_value_t = 10)]
+    gateway_seconds: u64,
+    /// Connections of the gateway throughput runs.
+    #[arg(long, global = true, default_value_t = 32)]
+    gateway_connections: u32,
+    /// Rounds (direct and through the gateway, alternating) of the gateway measure.
+    #[arg(long, global = true, default_value_t = 3)]
+    gateway_rounds: usize,
+    /// Put the gateway section into this markdown file (replacing its
+    /// previous one), e.g. docs/BENCHMARKS.md.
+    #[arg(long, global = true)]
+    section: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -153,6 +170,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         .map(|a| shell_quote(&a))
         .collect::<Vec<_>>()
         .join(" ");
+    if cli.measure == Measure::Gateway {
+        return gateway_measure(o, &mayfly, &command).await;
+    }
     let mut report = Report::new(host::machine(), versions(&mayfly), command);
     let mut ok = true;
     let m = cli.measure;
@@ -195,6 +215,24 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(ok)
+}
+
+/// The gateway measure, on a daemon of its own; prints its section and
+/// puts it into `--section`.
+async fn gateway_measure(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Result<bool> {
+    let setup = gateway::Setup {
+        seconds: o.gateway_seconds,
+        connections: o.gateway_connections,
+        rounds: o.gateway_rounds.max(1),
+    };
+    let machine = host::machine();
+    let outcome = gateway::measure(mayfly, &setup).await?;
+    let md = gateway::markdown(&outcome, &setup, &machine, command);
+    println!("{md}");
+    if let Some(f) = &o.section {
+        gateway::write_section(f, &md)?;
+    }
+    Ok(true)
 }
 
 /// The measures that need a daemon: one daemon for all of them, stopped at

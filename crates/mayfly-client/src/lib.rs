@@ -33,11 +33,13 @@ use serde::Serialize;
 mod admin;
 mod api;
 mod error;
+mod gateway;
 mod observe;
 mod sse;
 mod transport;
 
 pub use error::{BoxError, ClientError};
+pub use gateway::PortStream;
 pub use mayfly_types::UploadSummary;
 pub use observe::EventStream;
 pub use sse::ExecStream;

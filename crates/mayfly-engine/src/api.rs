@@ -210,6 +210,12 @@ pub trait SandboxApi: Send + Sync + 'static {
         None
     }
 
+    /// Exposed ports, routes and overrides, when this front end has a
+    /// gateway; without, those routes answer 404.
+    fn gateway(&self) -> Option<&dyn crate::GatewayApi> {
+        None
+    }
+
     /// Subscribes to lifecycle events as their transactions commit, in
     /// sequence order; a subscriber that lags reads the rest with
     /// [`SandboxApi::events`].

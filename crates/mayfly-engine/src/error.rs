@@ -38,6 +38,8 @@ pub enum EngineError {
     Quota(#[from] crate::engine::QuotaError),
     #[error(transparent)]
     Tenancy(#[from] crate::tenancy::TenancyError),
+    #[error(transparent)]
+    Gateway(#[from] crate::gateway::GatewayError),
     #[error("the engine is shutting down")]
     ShuttingDown,
     #[error("internal error: {0}")]
@@ -59,6 +61,7 @@ impl EngineError {
             EngineError::Files(e) => e.code(),
             EngineError::Exhausted(_) | EngineError::Quota(_) => ErrorCode::ResourceExhausted,
             EngineError::Tenancy(e) => e.code(),
+            EngineError::Gateway(e) => e.code(),
             EngineError::ShuttingDown => ErrorCode::Unavailable,
             EngineError::Internal(_) | EngineError::Store(_) => ErrorCode::Internal,
         }

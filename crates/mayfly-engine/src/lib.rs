@@ -9,6 +9,7 @@ pub mod api;
 mod engine;
 mod error;
 pub mod files;
+pub mod gateway;
 pub mod park;
 pub mod plan;
 pub mod runtime;
@@ -23,6 +24,9 @@ pub use engine::{
     DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
 };
 pub use error::EngineError;
+pub use gateway::{
+    GatewayApi, GatewayError, InSandboxListener, RouteTarget, IN_SANDBOX_GATEWAY_PORT,
+};
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;
 pub use tenancy::{TenancyApi, TenancyError};

@@ -184,7 +184,11 @@ impl FromRequestParts<AppState> for ProcessPath {
 
 /// Lets an admin caller at any sandbox and anyone else at their tenant's
 /// only; the refusal is the engine's own "does not exist".
-async fn authorize(parts: &Parts, state: &AppState, id: &SandboxId) -> Result<(), AppError> {
+pub(crate) async fn authorize(
+    parts: &Parts,
+    state: &AppState,
+    id: &SandboxId,
+) -> Result<(), AppError> {
     let caller = parts
         .extensions
         .get::<Caller>()
@@ -233,7 +237,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     }
 }
 
-async fn path_params<S: Send + Sync>(
+pub(crate) async fn path_params<S: Send + Sync>(
     parts: &mut Parts,
     state: &S,
 ) -> Result<HashMap<String, String>, AppError> {
@@ -243,7 +247,7 @@ async fn path_params<S: Send + Sync>(
         .map_err(|e| AppError::invalid(format!("bad path: {}", e.body_text())))
 }
 
-fn parse_id(params: &HashMap<String, String>) -> Result<SandboxId, AppError> {
+pub(crate) fn parse_id(params: &HashMap<String, String>) -> Result<SandboxId, AppError> {
     let raw = params
         .get("id")
         .ok_or_else(|| AppError::internal("route has no {id} parameter"))?;

@@ -19,11 +19,14 @@ mod exec;
 mod extract;
 mod feed;
 mod files;
+mod forward;
+pub mod gateway;
 mod listen;
 mod metrics;
 mod observe;
 mod openapi;
 mod pools;
+mod ports;
 mod processes;
 mod routes;
 mod run;
@@ -57,6 +60,16 @@ pub struct ServerOptions {
     pub file_body_limit: usize,
     /// How often an idle event stream sends a keep-alive comment.
     pub sse_keep_alive: Duration,
+    /// Where the daemon's gateway answers, for the preview URLs the API
+    /// hands out; `None` without a gateway.
+    pub gateway: Option<GatewayAddr>,
+}
+
+/// The gateway's domain and port, as preview URLs spell them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayAddr {
+    pub domain: String,
+    pub port: u16,
 }
 
 impl Default for ServerOptions {
@@ -66,6 +79,7 @@ impl Default for ServerOptions {
             json_body_limit: DEFAULT_JSON_BODY_LIMIT,
             file_body_limit: DEFAULT_FILE_BODY_LIMIT,
             sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
+            gateway: None,
         }
     }
 }
@@ -78,6 +92,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("json_body_limit", &self.json_body_limit)
             .field("file_body_limit", &self.file_body_limit)
             .field("sse_keep_alive", &self.sse_keep_alive)
+            .field("gateway", &self.gateway)
             .finish()
     }
 }

@@ -7,7 +7,8 @@ use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::{Modify, OpenApi};
 
 use crate::{
-    events, exec, files, metrics, observe, pools, processes, routes, run, sandboxes, tenancy,
+    events, exec, files, forward, metrics, observe, pools, ports, processes, routes, run,
+    sandboxes, tenancy,
 };
 
 /// Mayfly's API description. Every handler is listed; a test checks the
@@ -61,6 +62,15 @@ use crate::{
         tenancy::revoke_key,
         observe::usage,
         observe::stats,
+        ports::list_ports,
+        ports::expose_port,
+        ports::unexpose_port,
+        forward::connect_port,
+        ports::set_override,
+        ports::remove_override,
+        ports::list_routes,
+        ports::put_route,
+        ports::delete_route,
     ),
     components(schemas(mayfly_types::ErrorCode, mayfly_types::ExitStatus)),
     modifiers(&BearerOnTcp),
@@ -73,6 +83,7 @@ use crate::{
         (name = "events", description = "Lifecycle events, the exec audit trail, and stats."),
         (name = "pools", description = "Warm pools of booted, never-used sandboxes."),
         (name = "tenants", description = "Tenants, their quotas, and API keys (admin only)."),
+        (name = "gateway", description = "Exposed ports, preview tokens, TCP forwarding, routes and overrides."),
     ),
 )]
 pub struct ApiDoc;

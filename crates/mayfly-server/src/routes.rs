@@ -14,8 +14,8 @@ use mayfly_engine::SandboxApi;
 
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
 use crate::{
-    auth, events, exec, files, metrics, observe, openapi, pools, processes, run, sandboxes,
-    tenancy, AppState, ServerOptions,
+    auth, events, exec, files, forward, metrics, observe, openapi, pools, ports, processes, run,
+    sandboxes, tenancy, AppState, ServerOptions,
 };
 
 /// Builds the API router over `api`.
@@ -60,6 +60,9 @@ fn table() -> Routes {
     const FILES: &str = "/v1/sandboxes/{id}/files";
     const ARCHIVE: &str = "/v1/sandboxes/{id}/archive";
     const TENANT: &str = "/v1/tenants/{name}";
+    const PORT: &str = "/v1/sandboxes/{id}/ports/{port}";
+    const OVERRIDE: &str = "/v1/sandboxes/{id}/overrides/{service}";
+    const ROUTE: &str = "/v1/routes/{name}";
     Routes::default()
         .add(Method::GET, "/healthz", get(healthz))
         .add(Method::GET, "/openapi.json", get(openapi_json))
@@ -119,6 +122,23 @@ fn table() -> Routes {
         .add(Method::DELETE, "/v1/keys/{id}", delete(revoke_key))
         .add(Method::GET, "/v1/sandboxes/{id}/usage", get(observe::usage))
         .add(Method::GET, "/v1/stats", get(observe::stats))
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/ports",
+            get(ports::list_ports),
+        )
+        .add(Method::PUT, PORT, put(ports::expose_port))
+        .add(Method::DELETE, PORT, delete(ports::unexpose_port))
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/ports/{port}/connect",
+            get(forward::connect_port),
+        )
+        .add(Method::PUT, OVERRIDE, put(ports::set_override))
+        .add(Method::DELETE, OVERRIDE, delete(ports::remove_override))
+        .add(Method::GET, "/v1/routes", get(ports::list_routes))
+        .add(Method::PUT, ROUTE, put(ports::put_route))
+        .add(Method::DELETE, ROUTE, delete(ports::delete_route))
 }
 
 /// A router under construction plus the list of what it serves.

@@ -15,6 +15,7 @@ mod audit;
 mod bus;
 mod error;
 mod migrate;
+mod routes;
 mod row;
 mod sandboxes;
 mod stats;

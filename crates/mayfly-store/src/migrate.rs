@@ -147,6 +147,17 @@ CREATE TABLE api_keys (
 ) STRICT;
 CREATE INDEX api_keys_tenant ON api_keys (tenant);
 ",
+    // 4: gateway routes: a service name and its shared baseline URL.
+    // Daemon-wide; a sandbox's overrides of them live and die with the
+    // sandbox, in memory.
+    "
+CREATE TABLE routes (
+    name       TEXT PRIMARY KEY NOT NULL,
+    url        TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+",
 ];
 
 /// Brings the database up to the last version in [`MIGRATIONS`], or refuses

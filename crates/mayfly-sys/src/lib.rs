@@ -11,6 +11,7 @@ pub mod image;
 pub mod ipc;
 pub mod mount;
 pub mod net;
+pub mod netns;
 pub mod process;
 pub mod spare_ns;
 pub mod spawn;

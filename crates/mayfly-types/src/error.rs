@@ -29,6 +29,9 @@ pub enum ErrorCode {
     Internal,
     /// The daemon cannot serve right now, e.g. shutting down (503).
     Unavailable,
+    /// The gateway could not reach the upstream: nothing listens on the
+    /// sandbox's port, or the baseline is down (502).
+    BadGateway,
 }
 
 impl ErrorCode {
@@ -46,6 +49,7 @@ impl ErrorCode {
             ErrorCode::ResourceExhausted => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
+            ErrorCode::BadGateway => 502,
         }
     }
 
@@ -60,6 +64,7 @@ impl ErrorCode {
             415 => ErrorCode::UnsupportedMediaType,
             422 => ErrorCode::ExecFailed,
             429 => ErrorCode::ResourceExhausted,
+            502 => ErrorCode::BadGateway,
             503 => ErrorCode::Unavailable,
             s if (400..500).contains(&s) => ErrorCode::InvalidArgument,
             _ => ErrorCode::Internal,

@@ -8,6 +8,7 @@ mod error;
 mod event;
 mod exec;
 mod files;
+mod gateway;
 mod id;
 mod limits;
 mod pool;
@@ -24,6 +25,11 @@ pub use exec::{
     MAX_TIMEOUT_MS,
 };
 pub use files::{FileKind, FileStat, MkdirRequest, RenameRequest, UploadSummary, MAX_FILE_BYTES};
+pub use gateway::{
+    check_port, check_service_name, BaselineUrl, ExposeRequest, OverrideRequest, PortInfo,
+    RouteInfo, RouteList, RouteRequest, SandboxPorts, ServiceNameError, ServiceOverride, UrlError,
+    MAX_SERVICE_NAME,
+};
 pub use id::{IdError, SandboxId};
 pub use limits::{LimitError, Limits, ResolvedLimits};
 pub use pool::{PoolInfo, PoolList, PoolSpec};

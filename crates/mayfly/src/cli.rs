@@ -97,6 +97,20 @@ pub enum Command {
     /// Manage API keys (admin).
     #[command(subcommand)]
     Key(crate::cmd_admin::KeyCmd),
+    /// Show a sandbox's gateway token, exposed ports and overrides.
+    Ports(IdArgs),
+    /// Expose a sandbox port through the gateway and print its preview URL.
+    Expose(crate::cmd_gateway::ExposeArgs),
+    /// Take a port's exposure back (it needs the token again).
+    Unexpose(crate::cmd_gateway::PortArgs),
+    /// Forward a host TCP port to a port inside a sandbox.
+    PortForward(crate::cmd_gateway::ForwardArgs),
+    /// Manage the gateway's routes: services and their shared baselines.
+    #[command(subcommand)]
+    Route(crate::cmd_gateway::RouteCmd),
+    /// Per-sandbox gateway settings.
+    #[command(subcommand)]
+    Sandbox(crate::cmd_gateway::SandboxCmd),
     /// Boot a sandbox and keep it parked for the next daemonless run
     /// (started by runs themselves).
     #[command(hide = true)]
@@ -151,6 +165,19 @@ pub struct ServeArgs {
     /// memory limit.
     #[arg(long)]
     pub scratch: Option<PathBuf>,
+    /// The gateway's listener (preview URLs, routes), or `off`. When the
+    /// default address is taken the daemon runs without a gateway and says
+    /// so; an address given here must bind.
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// Preview URLs are `http://<port>-<id>.<domain>:<gateway port>`, and
+    /// services `<service>.<domain>`.
+    #[arg(long, default_value = mayfly_server::gateway::DEFAULT_GATEWAY_DOMAIN)]
+    pub gateway_domain: String,
+    /// Threads serving the gateway, each with its own event loop and
+    /// upstream connection pool.
+    #[arg(long, default_value_t = 1)]
+    pub gateway_threads: usize,
 }
 
 /// What the daemon does with live sandboxes when asked to stop.

@@ -33,11 +33,25 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
     if a.tcp.is_some() && token.as_deref().is_none_or(str::is_empty) {
         anyhow::bail!("--tcp needs a bearer token: pass --token-file or set MAYFLY_TOKEN");
     }
+    let api: Arc<dyn mayfly_engine::SandboxApi> = Arc::new(engine.clone());
+    let gateway = bind_gateway(a).await?;
     let opts = ServerOptions {
         tcp_token: token,
+        gateway: gateway.as_ref().and_then(|l| {
+            Some(mayfly_server::GatewayAddr {
+                domain: a.gateway_domain.clone(),
+                port: l.local_addr().ok()?.port(),
+            })
+        }),
         ..ServerOptions::default()
     };
-    let app = mayfly_server::app(Arc::new(engine.clone()), opts);
+    if let Some(l) = gateway {
+        tracing::info!(addr = ?l.local_addr().ok(), domain = %a.gateway_domain, "gateway ready");
+        mayfly_server::gateway::Gateway::new(api.clone(), &a.gateway_domain)
+            .spawn(l, a.gateway_threads)
+            .context("starting the gateway's threads")?;
+    }
+    let app = mayfly_server::app(api, opts);
     let mut listeners = vec![mayfly_server::bind_unix(&cli.socket).await?];
     if let Some(addr) = a.tcp {
         listeners.push(mayfly_server::bind_tcp(addr).await?);
@@ -68,4 +82,32 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
     engine.shutdown().await;
     engine.wait_cleanup().await;
     Ok(0)
+}
+
+/// The gateway's listener: the address given, `off` for none, or the
+/// default one, which may be taken (then the daemon runs without a gateway
+/// and says so, so several daemons can share a host).
+async fn bind_gateway(a: &ServeArgs) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    use mayfly_server::gateway::DEFAULT_GATEWAY_ADDR;
+    match a.gateway.as_deref() {
+        Some("off") => Ok(None),
+        Some(addr) => {
+            let addr: std::net::SocketAddr = addr
+                .parse()
+                .with_context(|| format!("--gateway {addr}: expected IP:PORT or `off`"))?;
+            Ok(Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the gateway on {addr}"))?,
+            ))
+        }
+        None => match tokio::net::TcpListener::bind(DEFAULT_GATEWAY_ADDR).await {
+            Ok(l) => Ok(Some(l)),
+            Err(e) => {
+                tracing::warn!(addr = DEFAULT_GATEWAY_ADDR, error = %e,
+                    "the default gateway address is taken: running without a gateway (pass --gateway ADDR)");
+                Ok(None)
+            }
+        },
+    }
 }

@@ -6,6 +6,7 @@
 mod cli;
 mod cmd_admin;
 mod cmd_cp;
+mod cmd_gateway;
 mod cmd_park;
 mod cmd_pool;
 mod cmd_run;
@@ -104,6 +105,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Pool(ref c) => cmd_pool::pool(&cli, c).await,
             Command::Tenant(ref c) => cmd_admin::tenant(&cli, c).await,
             Command::Key(ref c) => cmd_admin::key(&cli, c).await,
+            Command::Ports(ref a) => cmd_gateway::ports(&cli, &a.id.parse()?).await,
+            Command::Expose(ref a) => cmd_gateway::expose(&cli, a).await,
+            Command::Unexpose(ref a) => cmd_gateway::unexpose(&cli, a).await,
+            Command::PortForward(ref a) => cmd_gateway::port_forward(&cli, a).await,
+            Command::Route(ref c) => cmd_gateway::route(&cli, c).await,
+            Command::Sandbox(ref c) => cmd_gateway::sandbox(&cli, c).await,
             Command::Park(_) | Command::Prune => unreachable!("handled before the runtime"),
         }
     });

@@ -357,6 +357,10 @@ impl SandboxApi for Engine {
         Some(self)
     }
 
+    fn gateway(&self) -> Option<&dyn crate::GatewayApi> {
+        Some(self)
+    }
+
     fn subscribe_events(&self) -> Result<EventSubscription, EngineError> {
         Ok(self.inner.store.subscribe_events()?)
     }

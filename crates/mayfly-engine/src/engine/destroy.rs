@@ -42,6 +42,7 @@ impl Engine {
         if !sb.begin_stop() {
             return false;
         }
+        self.gateway_forget(&sb.id);
         self.stop_quota(&sb.id);
         let _ = self
             .inner

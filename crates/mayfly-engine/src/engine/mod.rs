@@ -7,6 +7,7 @@ mod create;
 mod destroy;
 mod early;
 mod exec;
+mod gateway;
 mod leases;
 mod oom;
 mod owner;
@@ -73,6 +74,8 @@ struct Inner {
     pools: pool::Pools,
     /// Tenant quotas, usage and who owns each live sandbox (admission).
     quotas: Arc<std::sync::Mutex<quota::Ledger>>,
+    /// Tokens, exposed ports, overrides and routes (the gateway's maps).
+    gateway: gateway::GatewayState,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
 }
@@ -188,6 +191,7 @@ impl Engine {
             reapers: std::sync::Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),
             quotas,
+            gateway: Default::default(),
             _lock: lock,
         };
         inner.recovery = recovery::reconcile(&inner);

@@ -1,0 +1,408 @@
+//! The gateway measures (issue 4): HTTP requests per second through the
+//! preview path against a direct connection to the same server, and the
+//! latency the gateway adds, both with `wrk`, in one run.
+//!
+//! The server is nginx (`return 200`, one worker) inside a sandbox. *Direct*
+//! is wrk entering the sandbox's network namespace (`nsenter --net`) and
+//! connecting to `127.0.0.1:8080` there: the same server, the same
+//! loopback, no gateway. *Gateway* is wrk on the host connecting to the
+//! daemon's gateway with `Host: 8080-<id>.localhost` (the port is public, so
+//! no token). The two alternate, round by round, so host noise hits both.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use mayfly_types::{CreateRequest, SandboxId, StartProcessRequest};
+
+use crate::api::call;
+use crate::daemon::{Daemon, Scratch};
+
+const NGINX: &str = "/usr/sbin/nginx";
+const PORT: u16 = 8080;
+const NGINX_CONF: &str = r#"daemon off;
+master_process off;
+worker_processes 1;
+user root;
+pid /workspace/nginx.pid;
+error_log stderr warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path /workspace/ngx-body;
+  proxy_temp_path /workspace/ngx-proxy;
+  fastcgi_temp_path /workspace/ngx-fcgi;
+  uwsgi_temp_path /workspace/ngx-uwsgi;
+  scgi_temp_path /workspace/ngx-scgi;
+  keepalive_requests 100000000;
+  server {
+    listen 127.0.0.1:8080;
+    location / { default_type text/plain; return 200 "hello from nginx\n"; }
+  }
+}
+"#;
+
+/// How the gateway measure runs.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub seconds: u64,
+    pub connections: u32,
+    pub rounds: usize,
+}
+
+/// One wrk run's figures.
+#[derive(Debug, Clone, Copy)]
+struct Wrk {
+    rps: f64,
+    p50_us: f64,
+}
+
+/// What the measure found: per round, direct and through the gateway.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    throughput: Vec<(f64, f64)>,
+    latency_us: Vec<(f64, f64)>,
+    /// CPU time per request through the gateway, µs: (daemon, nginx).
+    cpu_us: Vec<(f64, f64)>,
+}
+
+/// CPU time (user + system) a process has used, µs.
+fn cpu_us(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the `)` that ends the command name: utime is the
+    // 12th, stime the 13th, in USER_HZ (100 on every Linux this runs on).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    (field(11) + field(12)) * 10_000
+}
+
+/// The host pid of the nginx serving from the sandbox.
+fn nginx_pid() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd);
+        (cmd.starts_with(NGINX) && cmd.contains("/workspace/nginx.conf")).then_some(pid)
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+impl Outcome {
+    /// Median over rounds of gateway/direct requests per second.
+    pub fn ratio(&self) -> f64 {
+        median(self.throughput.iter().map(|(d, g)| g / d).collect())
+    }
+
+    /// Median over rounds of (gateway p50 − direct p50), µs.
+    pub fn added_us(&self) -> f64 {
+        median(self.latency_us.iter().map(|(d, g)| g - d).collect())
+    }
+
+    /// Median CPU per request through the gateway, µs: (daemon, nginx).
+    pub fn cpu_per_request(&self) -> (f64, f64) {
+        (
+            median(self.cpu_us.iter().map(|c| c.0).collect()),
+            median(self.cpu_us.iter().map(|c| c.1).collect()),
+        )
+    }
+}
+
+/// Parses wrk's `Requests/sec:` and `50%` lines.
+fn parse_wrk(out: &str) -> anyhow::Result<Wrk> {
+    let rps = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("no Requests/sec in wrk's output:\n{out}"))?;
+    let p50_us = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("50%"))
+        .map(|v| duration_us(v.trim()))
+        .transpose()?
+        .unwrap_or(f64::NAN);
+    Ok(Wrk { rps, p50_us })
+}
+
+/// `123.00us`, `1.20ms`, `2.00s` → µs.
+fn duration_us(v: &str) -> anyhow::Result<f64> {
+    for (unit, f) in [("us", 1.0), ("ms", 1e3), ("s", 1e6)] {
+        if let Some(n) = v.strip_suffix(unit) {
+            return Ok(n.parse::<f64>().context("wrk latency")? * f);
+        }
+    }
+    bail!("unknown wrk latency `{v}`")
+}
+
+fn wrk(prefix: &[&str], args: &[String]) -> anyhow::Result<Wrk> {
+    let (bin, rest) = prefix.split_first().unwrap_or((&"wrk", &[]));
+    let out = Command::new(bin)
+        .args(rest)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {bin}"))?;
+    ensure!(
+        out.status.success(),
+        "wrk failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_wrk(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Starts nginx in a fresh sandbox and waits until it serves.
+async fn nginx_sandbox(d: &Daemon) -> anyhow::Result<(SandboxId, u32)> {
+    let c = &d.client;
+    let req = CreateRequest {
+        ttl_secs: Some(3600),
+        ..CreateRequest::default()
+    };
+    let sb = call("creating the server's sandbox", c.create(&req)).await?;
+    call(
+        "writing nginx.conf",
+        c.write_file(
+            &sb.id,
+            "/workspace/nginx.conf",
+            NGINX_CONF.as_bytes().to_vec(),
+            Some(0o644),
+        ),
+    )
+    .await?;
+    let argv = [NGINX, "-c", "/workspace/nginx.conf", "-p", "/workspace"];
+    let start = StartProcessRequest {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        ..StartProcessRequest::default()
+    };
+    call("starting nginx", c.start_process(&sb.id, &start)).await?;
+    let t = std::time::Instant::now();
+    while c.connect_port(&sb.id, PORT).await.is_err() {
+        ensure!(
+            t.elapsed() < Duration::from_secs(10),
+            "nginx did not listen within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    call("exposing the port", c.expose(&sb.id, PORT, true)).await?;
+    let init = sb.init_pid.context("the sandbox has no init pid")? as u32;
+    Ok((sb.id, init))
+}
+
+/// Runs the measure on a daemon of its own and returns the outcome.
+pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
+    for (tool, hint) in [
+        ("wrk", "apt install wrk"),
+        ("nsenter", "apt install util-linux"),
+    ] {
+        ensure!(
+            Command::new(tool).arg("--version").output().is_ok(),
+            "`{tool}` is missing ({hint})"
+        );
+    }
+    ensure!(
+        Path::new(NGINX).exists(),
+        "{NGINX} is missing (apt install nginx-light)"
+    );
+    let scratch = Scratch::new("gateway")?;
+    let gw_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let gw = format!("127.0.0.1:{gw_port}");
+    let mut d = Daemon::start_with(mayfly, &scratch.path, 64, None, &["--gateway", &gw]).await?;
+    let (id, init) = nginx_sandbox(&d).await?;
+    let ns = format!("--net=/proc/{init}/ns/net");
+    let direct_prefix = ["nsenter", ns.as_str(), "wrk"];
+    let direct_url = format!("http://127.0.0.1:{PORT}/");
+    let host = format!("Host: {PORT}-{id}.localhost");
+    let gw_url = format!("http://{gw}/");
+    let load = |url: &str, conns: u32, secs: u64, host: Option<&str>| {
+        let mut a = vec![
+            "-t1".to_owned(),
+            format!("-c{conns}"),
+            format!("-d{secs}s"),
+            "--latency".to_owned(),
+        ];
+        if let Some(h) = host {
+            a.extend(["-H".to_owned(), h.to_owned()]);
+        }
+        a.push(url.to_owned());
+        a
+    };
+    // Warm both paths (pooled upstream connections, page cache, nginx).
+    wrk(&direct_prefix, &load(&direct_url, s.connections, 1, None))?;
+    wrk(&["wrk"], &load(&gw_url, s.connections, 1, Some(&host)))?;
+    let mut out = Outcome::default();
+    for round in 0..s.rounds {
+        eprintln!("mayfly-bench: gateway round {} of {}", round + 1, s.rounds);
+        let direct = || {
+            wrk(
+                &direct_prefix,
+                &load(&direct_url, s.connections, s.seconds, None),
+            )
+        };
+        let nginx = nginx_pid().unwrap_or(0);
+        let mut cpu = (0.0, 0.0);
+        let mut via = || {
+            let before = (cpu_us(d.pid()), cpu_us(nginx));
+            let w = wrk(
+                &["wrk"],
+                &load(&gw_url, s.connections, s.seconds, Some(&host)),
+            )?;
+            let n = (w.rps * s.seconds as f64).max(1.0);
+            cpu = (
+                cpu_us(d.pid()).saturating_sub(before.0) as f64 / n,
+                cpu_us(nginx).saturating_sub(before.1) as f64 / n,
+            );
+            anyhow::Ok(w)
+        };
+        let (d1, g1) = if round % 2 == 0 {
+            let d1 = direct()?;
+            (d1, via()?)
+        } else {
+            let g1 = via()?;
+            (direct()?, g1)
+        };
+        out.throughput.push((d1.rps, g1.rps));
+        out.cpu_us.push(cpu);
+        let secs = s.seconds.clamp(1, 5);
+        let d1 = wrk(&direct_prefix, &load(&direct_url, 1, secs, None))?;
+        let g1 = wrk(&["wrk"], &load(&gw_url, 1, secs, Some(&host)))?;
+        out.latency_us.push((d1.p50_us, g1.p50_us));
+    }
+    call("destroying the sandbox", d.client.destroy(&id)).await?;
+    d.stop(Duration::from_secs(30)).await?;
+    let alive = Path::new(&format!("/proc/{init}")).exists();
+    ensure!(!alive, "the sandbox's init {init} outlived the daemon");
+    Ok(out)
+}
+
+/// Begins and ends the generated section in docs/BENCHMARKS.md.
+const START: &str = "<!-- mayfly-bench gateway: start -->";
+const END: &str = "<!-- mayfly-bench gateway: end -->";
+
+/// The section for docs/BENCHMARKS.md.
+pub fn markdown(
+    o: &Outcome,
+    s: &Setup,
+    machine: &std::collections::BTreeMap<&str, String>,
+    command: &str,
+) -> String {
+    let m = |k: &str| machine.get(k).cloned().unwrap_or_default();
+    let mut t = format!("{START}\n## Gateway (issue 4)\n\n");
+    t.push_str(
+        "Generated by `mayfly-bench gateway`. The server is nginx (`return 200`, one worker, access log off) in a\n\
+         sandbox. *Direct*: `wrk` enters the sandbox's network namespace (`nsenter --net=/proc/<init>/ns/net`) and\n\
+         connects to `127.0.0.1:8080` there, the same server over the same loopback. *Gateway*: `wrk` on the host\n\
+         connects to the daemon's gateway with `Host: 8080-<id>.localhost` (a public port). Throughput rounds\n\
+         alternate which goes first; latency is `wrk -c1` (one connection, sequential requests), its p50 through the\n\
+         gateway minus its p50 direct. Figures are medians over the rounds.\n\n",
+    );
+    let _ = writeln!(t, "Measured on {}.\n", m("date"));
+    let _ = writeln!(
+        t,
+        "- **Machine:** Linux {}, {} vCPUs ({}), {} memory; load average {} at the start.",
+        m("kernel"),
+        m("nproc"),
+        m("cpu"),
+        m("memory"),
+        m("load")
+    );
+    let _ = writeln!(
+        t,
+        "- **Load:** `wrk -t1 -c{} -d{}s`, {} rounds.",
+        s.connections, s.seconds, s.rounds
+    );
+    let _ = writeln!(
+        t,
+        "- **Reproduce** (as root, from the repository root):\n\n  ```sh\n  apt-get install -y wrk nginx-light\n  cargo build --release -p mayfly -p mayfly-bench\n  {command}\n  ```\n"
+    );
+    let (ratio, added) = (o.ratio(), o.added_us());
+    let yes = |b: bool| if b { "yes" } else { "**no**" };
+    t.push_str("| measure | target | measured | met |\n| --- | --- | --- | --- |\n");
+    let _ = writeln!(
+        t,
+        "| gateway throughput | ≥ 0.7× direct | {ratio:.2}× | {} |",
+        yes(ratio >= 0.7)
+    );
+    let _ = writeln!(
+        t,
+        "| added gateway latency | p50 ≤ 200 µs | {added:.0} µs | {} |\n",
+        yes(added <= 200.0)
+    );
+    let (gw_cpu, ngx_cpu) = o.cpu_per_request();
+    let _ = writeln!(
+        t,
+        "CPU per request through the gateway (user + system, from `/proc/<pid>/stat` around each \
+         throughput run): the daemon {gw_cpu:.0} µs, nginx {ngx_cpu:.0} µs. wrk, nginx and the gateway \
+         share {} vCPUs (with whatever else runs on the host): a proxy does the work of two \
+         connections per request, so on this host the ratio is bound by CPU, not by the latency the \
+         gateway adds.\n",
+        m("nproc")
+    );
+    t.push_str("| round | direct req/s | gateway req/s | ratio | direct p50 (c1) | gateway p50 (c1) |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (i, ((d, g), (dl, gl))) in o.throughput.iter().zip(&o.latency_us).enumerate() {
+        let _ = writeln!(
+            t,
+            "| {} | {d:.0} | {g:.0} | {:.2}× | {dl:.0} µs | {gl:.0} µs |",
+            i + 1,
+            g / d
+        );
+    }
+    let _ = writeln!(t, "\n{END}");
+    t
+}
+
+/// Puts the section into `file`: replaces the previous one, or appends.
+pub fn write_section(file: &Path, section: &str) -> anyhow::Result<()> {
+    let old = std::fs::read_to_string(file).unwrap_or_default();
+    let new = match (old.find(START), old.find(END)) {
+        (Some(a), Some(b)) if a < b => {
+            format!(
+                "{}{}{}",
+                &old[..a],
+                section.trim_end(),
+                &old[b + END.len()..]
+            )
+        }
+        _ => format!("{}\n{}", old.trim_end(), section),
+    };
+    std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_of_this_process_is_read() {
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(60) {}
+        assert!(cpu_us(std::process::id()) > 0);
+    }
+
+    #[test]
+    fn wrk_output_is_read() {
+        let out = "Running 1s test\n  Latency Distribution\n     50%  129.00us\n     75%  1.20ms\nRequests/sec:  34331.72\n";
+        let w = parse_wrk(out).unwrap();
+        assert_eq!((w.rps, w.p50_us), (34331.72, 129.0));
+        assert_eq!(duration_us("1.50ms").unwrap(), 1500.0);
+    }
+
+    #[test]
+    fn the_section_replaces_its_previous_self() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("B.md");
+        std::fs::write(&f, "# B\n").unwrap();
+        write_section(&f, &format!("{START}\none\n{END}\n")).unwrap();
+        write_section(&f, &format!("{START}\ntwo\n{END}\n")).unwrap();
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.contains("two") && !text.contains("one"), "{text}");
+        assert!(text.starts_with("# B\n"));
+    }
+}

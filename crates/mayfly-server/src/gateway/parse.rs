@@ -1,0 +1,360 @@
+//! Reading a gateway request: what it addresses (a sandbox's port or a
+//! service), its routing key, and its token. Pure functions over headers.
+
+use http::header::{HeaderMap, COOKIE, HOST};
+use http::Uri;
+use mayfly_types::{check_service_name, SandboxId};
+
+/// `X-Mayfly-Sandbox: <id>`: with `X-Mayfly-Port`, a preview request;
+/// otherwise a service request's routing key.
+pub const SANDBOX_HEADER: &str = "x-mayfly-sandbox";
+/// `X-Mayfly-Port: <port>`: the sandbox port of a header-based preview.
+pub const PORT_HEADER: &str = "x-mayfly-port";
+/// `X-Mayfly-Service: <name>`: the service of a service request.
+pub const SERVICE_HEADER: &str = "x-mayfly-service";
+/// `X-Mayfly-Token: <token>`: the sandbox's gateway token.
+pub const TOKEN_HEADER: &str = "x-mayfly-token";
+/// The query parameter (and cookie) that carries the token in a browser.
+pub const TOKEN_PARAM: &str = "mayfly_token";
+/// The W3C baggage member that carries the routing key.
+pub const BAGGAGE_KEY: &str = "mayfly-sandbox";
+
+/// What a gateway request addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `port` of sandbox `id` (a preview URL, or the two headers).
+    Preview { id: SandboxId, port: u16 },
+    /// A service, routed by the request's key.
+    Service(String),
+}
+
+/// Why a request names nothing the gateway can serve (400 or 404).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("{0}")]
+    Malformed(String),
+    #[error("the request names neither a sandbox port (Host `<port>-<sandbox id>.{domain}`, or X-Mayfly-Sandbox with X-Mayfly-Port) nor a service (Host `<service>.{domain}`, or X-Mayfly-Service)")]
+    NoTarget { domain: String },
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ParseError> {
+    match h.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()))
+            .map_err(|_| ParseError::Malformed(format!("the {name} header is not visible ASCII"))),
+    }
+}
+
+fn parse_id(raw: &str) -> Result<SandboxId, ParseError> {
+    raw.parse::<SandboxId>()
+        .map_err(|e| ParseError::Malformed(e.to_string()))
+}
+
+fn parse_port(raw: &str) -> Result<u16, ParseError> {
+    raw.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        ParseError::Malformed(format!(
+            "`{}` is not a port: expected 1 to 65535",
+            raw.chars().take(16).collect::<String>()
+        ))
+    })
+}
+
+/// The host a request was sent to, lower-cased and without its port:
+/// `Host`, or the URI's authority (HTTP/2).
+pub fn request_host(h: &HeaderMap, uri: &Uri) -> Option<String> {
+    let raw = match h.get(HOST).and_then(|v| v.to_str().ok()) {
+        Some(v) => v,
+        None => uri.authority()?.as_str(),
+    };
+    let host = if raw.starts_with('[') {
+        raw.split_inclusive(']').next().unwrap_or(raw)
+    } else {
+        raw.split(':').next().unwrap_or(raw)
+    };
+    Some(host.to_ascii_lowercase())
+}
+
+/// What the request addresses. The headers win over the host:
+/// `X-Mayfly-Port` (with `X-Mayfly-Sandbox`) is a preview, then
+/// `X-Mayfly-Service` a service; then the host `<label>.<domain>`, where
+/// a label starting with a digit is `<port>-<id>` and any other a service.
+pub fn target(h: &HeaderMap, host: Option<&str>, domain: &str) -> Result<Target, ParseError> {
+    if let Some(port) = header_str(h, PORT_HEADER)? {
+        let port = parse_port(port)?;
+        let id = header_str(h, SANDBOX_HEADER)?.ok_or_else(|| {
+            ParseError::Malformed("X-Mayfly-Port needs X-Mayfly-Sandbox: <sandbox id>".into())
+        })?;
+        return Ok(Target::Preview {
+            id: parse_id(id)?,
+            port,
+        });
+    }
+    if let Some(service) = header_str(h, SERVICE_HEADER)? {
+        let service = service.to_ascii_lowercase();
+        check_service_name(&service).map_err(|e| ParseError::Malformed(e.to_string()))?;
+        return Ok(Target::Service(service));
+    }
+    let no_target = || ParseError::NoTarget {
+        domain: domain.to_owned(),
+    };
+    let label = host
+        .and_then(|h| h.strip_suffix(domain))
+        .and_then(|h| h.strip_suffix('.'))
+        .ok_or_else(no_target)?;
+    if label.is_empty() || label.contains('.') {
+        return Err(no_target());
+    }
+    if label.as_bytes()[0].is_ascii_digit() {
+        let (port, id) = label.split_once('-').ok_or_else(|| {
+            ParseError::Malformed(format!(
+                "`{label}` is not a preview host label: expected `<port>-<sandbox id>`"
+            ))
+        })?;
+        return Ok(Target::Preview {
+            id: parse_id(id)?,
+            port: parse_port(port)?,
+        });
+    }
+    check_service_name(label).map_err(|e| ParseError::Malformed(e.to_string()))?;
+    Ok(Target::Service(label.to_owned()))
+}
+
+/// The routing key of a service request: `X-Mayfly-Sandbox`, else the
+/// `mayfly-sandbox` member of the W3C `baggage` headers. A key that is not
+/// a sandbox id is no key (the request goes to the baseline, unchanged).
+pub fn routing_key(h: &HeaderMap) -> Option<SandboxId> {
+    if let Some(v) = h.get(SANDBOX_HEADER) {
+        return v.to_str().ok()?.trim().parse().ok();
+    }
+    h.get_all("baggage")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| baggage_value(v, BAGGAGE_KEY))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The value of `key` in one W3C baggage header: comma-separated list
+/// members `key=value`, each with optional `;`-separated properties,
+/// optional whitespace around every part, and a percent-encoded value.
+pub fn baggage_value(header: &str, key: &str) -> Option<String> {
+    header.split(',').find_map(|member| {
+        let kv = member.split(';').next()?;
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == key).then(|| {
+            percent_encoding::percent_decode_str(v.trim())
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
+/// The token a preview request presents: `X-Mayfly-Token`, the
+/// `mayfly_token` query parameter (`from_query` true: the gateway then
+/// sets the cookie), or the `mayfly_token` cookie.
+pub fn token(h: &HeaderMap, uri: &Uri) -> Option<(String, bool)> {
+    if let Some(t) = h.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
+        return Some((t.trim().to_owned(), false));
+    }
+    if let Some(t) = uri.query().and_then(query_token) {
+        return Some((t, true));
+    }
+    h.get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            let (k, v) = c.split_once('=')?;
+            (k.trim() == TOKEN_PARAM).then(|| (v.trim().to_owned(), false))
+        })
+}
+
+fn query_token(q: &str) -> Option<String> {
+    q.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == TOKEN_PARAM).then(|| {
+            percent_encoding::percent_decode_str(v)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
+/// The path and query without the `mayfly_token` parameter.
+pub fn strip_token_param(uri: &Uri) -> String {
+    let path = uri.path();
+    let Some(q) = uri.query() else {
+        return path.to_owned();
+    };
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|p| p.split('=').next() != Some(TOKEN_PARAM))
+        .collect();
+    if kept.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", kept.join("&"))
+    }
+}
+
+/// A `Cookie` header without the gateway's own cookie (`None`: nothing left).
+pub fn strip_token_cookie(v: &str) -> Option<String> {
+    let kept: Vec<&str> = v
+        .split(';')
+        .map(str::trim)
+        .filter(|c| c.split('=').next().map(str::trim) != Some(TOKEN_PARAM) && !c.is_empty())
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    const ID: &str = "mf-abcdefghijk2";
+
+    #[test]
+    fn preview_hosts_and_headers_name_a_sandbox_port() {
+        let h = HeaderMap::new();
+        let want = Target::Preview {
+            id: ID.parse().unwrap(),
+            port: 8080,
+        };
+        let host = format!("8080-{ID}.localhost");
+        assert_eq!(target(&h, Some(&host), "localhost"), Ok(want.clone()));
+        let h = headers(&[("x-mayfly-sandbox", ID), ("x-mayfly-port", "8080")]);
+        assert_eq!(target(&h, Some("127.0.0.1"), "localhost"), Ok(want));
+    }
+
+    #[test]
+    fn service_hosts_and_headers_name_a_service() {
+        let h = HeaderMap::new();
+        assert_eq!(
+            target(&h, Some("payments.gw.example"), "gw.example"),
+            Ok(Target::Service("payments".into()))
+        );
+        let h = headers(&[("x-mayfly-service", "Payments")]);
+        assert_eq!(
+            target(&h, Some("127.0.0.1"), "localhost"),
+            Ok(Target::Service("payments".into()))
+        );
+    }
+
+    #[test]
+    fn malformed_hosts_are_refused_not_guessed() {
+        let h = HeaderMap::new();
+        for host in [
+            "0-mf-abcdefghijk2.localhost",
+            "70000-mf-abcdefghijk2.localhost",
+            "8080-mf-ABC.localhost",
+            "8080.localhost",
+            "8080-.localhost",
+            "bad_name.localhost",
+        ] {
+            assert!(
+                matches!(
+                    target(&h, Some(host), "localhost"),
+                    Err(ParseError::Malformed(_))
+                ),
+                "{host}"
+            );
+        }
+        for host in ["localhost", "a.b.localhost", "example.com", ".localhost"] {
+            assert!(
+                matches!(
+                    target(&h, Some(host), "localhost"),
+                    Err(ParseError::NoTarget { .. })
+                ),
+                "{host}"
+            );
+        }
+        let h = headers(&[("x-mayfly-port", "99999"), ("x-mayfly-sandbox", ID)]);
+        assert!(target(&h, None, "localhost").is_err());
+        let h = headers(&[("x-mayfly-port", "80")]);
+        assert!(target(&h, None, "localhost").is_err());
+    }
+
+    #[test]
+    fn request_host_drops_the_port_and_case() {
+        let h = headers(&[("host", "8080-MF-x.LocalHost:4180")]);
+        assert_eq!(
+            request_host(&h, &Uri::from_static("/")).as_deref(),
+            Some("8080-mf-x.localhost")
+        );
+        let uri: Uri = "http://svc.localhost:1/x".parse().unwrap();
+        assert_eq!(
+            request_host(&HeaderMap::new(), &uri).as_deref(),
+            Some("svc.localhost")
+        );
+        let h = headers(&[("host", "[::1]:80")]);
+        assert_eq!(
+            request_host(&h, &Uri::from_static("/")).as_deref(),
+            Some("[::1]")
+        );
+    }
+
+    #[test]
+    fn baggage_is_parsed_as_w3c_list_members() {
+        assert_eq!(
+            baggage_value(
+                "a=1, mayfly-sandbox = mf-x ;prop=2;flag ,b=3",
+                "mayfly-sandbox"
+            ),
+            Some("mf-x".into())
+        );
+        assert_eq!(
+            baggage_value("k=caf%C3%A9%20au%2Clait", "k"),
+            Some("café au,lait".into())
+        );
+        assert_eq!(baggage_value("mayfly-sandboxx=1,x", "mayfly-sandbox"), None);
+        assert_eq!(baggage_value("", "k"), None);
+        let h = headers(&[
+            ("baggage", "userid=alice"),
+            ("baggage", &format!("sp=1,mayfly-sandbox={ID};ttl=5")),
+        ]);
+        assert_eq!(routing_key(&h), Some(ID.parse().unwrap()));
+        let h = headers(&[
+            ("baggage", &format!("mayfly-sandbox={ID}")),
+            ("x-mayfly-sandbox", "junk"),
+        ]);
+        assert_eq!(routing_key(&h), None, "the header wins, and junk is no key");
+    }
+
+    #[test]
+    fn tokens_come_from_header_query_or_cookie_and_are_stripped() {
+        let uri: Uri = "/a?x=1&mayfly_token=t%31&y=2".parse().unwrap();
+        assert_eq!(token(&HeaderMap::new(), &uri), Some(("t1".into(), true)));
+        assert_eq!(strip_token_param(&uri), "/a?x=1&y=2");
+        assert_eq!(
+            strip_token_param(&"/a?mayfly_token=t".parse().unwrap()),
+            "/a"
+        );
+        let h = headers(&[("cookie", "a=1; mayfly_token=t2; b=2")]);
+        assert_eq!(
+            token(&h, &Uri::from_static("/")),
+            Some(("t2".into(), false))
+        );
+        assert_eq!(
+            strip_token_cookie("a=1; mayfly_token=t2; b=2").as_deref(),
+            Some("a=1; b=2")
+        );
+        assert_eq!(strip_token_cookie("mayfly_token=t2"), None);
+        let h = headers(&[("x-mayfly-token", "t3")]);
+        assert_eq!(
+            token(&h, &Uri::from_static("/")),
+            Some(("t3".into(), false))
+        );
+    }
+}
