@@ -384,7 +384,11 @@ impl GatewayApi for Engine {
             .unwrap_or_else(|p| p.into_inner())
             .overrides
             .insert(service.to_owned(), port);
-        self.ensure_listener(&gate).await?;
+        // The override holds either way: without the listener (its port
+        // taken inside the sandbox, say) only chains from inside miss out.
+        if let Err(e) = self.ensure_listener(&gate).await {
+            tracing::warn!(%id, error = %e, "no gateway listener inside the sandbox");
+        }
         Ok(ServiceOverride {
             service: service.to_owned(),
             port,
