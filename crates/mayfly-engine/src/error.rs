@@ -40,6 +40,12 @@ pub enum EngineError {
     Tenancy(#[from] crate::tenancy::TenancyError),
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// A service the request needs is not running on this daemon.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The sandbox's state does not allow the change.
+    #[error("{0}")]
+    Conflict(String),
     #[error("internal error: {0}")]
     Internal(String),
     #[error(transparent)]
@@ -54,7 +60,8 @@ impl EngineError {
             EngineError::NoSuchSandbox(_)
             | EngineError::NoSuchPool(_)
             | EngineError::NoSuchProcess { .. } => ErrorCode::NotFound,
-            EngineError::NotReady { .. } => ErrorCode::Conflict,
+            EngineError::NotReady { .. } | EngineError::Conflict(_) => ErrorCode::Conflict,
+            EngineError::Unavailable(_) => ErrorCode::Unavailable,
             EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,
             EngineError::Files(e) => e.code(),
             EngineError::Exhausted(_) | EngineError::Quota(_) => ErrorCode::ResourceExhausted,

@@ -29,6 +29,8 @@ use crate::{events, exec, files, metrics, observe, pools, processes, routes, san
         sandboxes::get_sandbox,
         sandboxes::destroy_sandbox,
         sandboxes::keepalive,
+        crate::egress::get_egress,
+        crate::egress::patch_egress,
         exec::exec,
         processes::start_process,
         processes::list_processes,

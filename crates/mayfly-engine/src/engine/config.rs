@@ -46,6 +46,8 @@ pub struct EngineConfig {
     pub park: Option<crate::park::ParkPlan>,
     /// Warm pools set up at start, by name (changeable through the API).
     pub pools: Vec<(String, mayfly_types::PoolSpec)>,
+    /// The egress policy of a create that names none, per template.
+    pub template_egress: Vec<(mayfly_types::TemplateRef, mayfly_types::EgressPolicy)>,
 }
 
 /// The host-wide directory of spare namespaces for daemonless runs.
@@ -71,6 +73,7 @@ impl Default for EngineConfig {
             spare_ns_dir: None,
             park: None,
             pools: Vec::new(),
+            template_egress: Vec::new(),
         }
     }
 }

@@ -8,6 +8,8 @@ mod destroy;
 mod early;
 mod exec;
 mod leases;
+mod network;
+pub(crate) use leases::try_lease;
 mod oom;
 mod owner;
 mod pool;
@@ -75,6 +77,10 @@ struct Inner {
     quotas: Arc<std::sync::Mutex<quota::Ledger>>,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
+    /// The egress service, once started (daemons only).
+    egress: std::sync::OnceLock<crate::egress::Egress>,
+    /// Why the egress service could not start, for creates that need it.
+    egress_unavailable: std::sync::Mutex<Option<String>>,
 }
 
 impl Inner {
@@ -185,6 +191,8 @@ impl Engine {
             pools: pool::Pools::default(),
             quotas,
             _lock: lock,
+            egress: std::sync::OnceLock::new(),
+            egress_unavailable: std::sync::Mutex::new(None),
         };
         inner.recovery = recovery::reconcile(&inner);
         Ok(Engine {
@@ -355,6 +363,8 @@ impl Engine {
             let _ = t.await;
         }
         self.wait_cleanup().await;
+        let e = self.clone();
+        let _ = tokio::task::spawn_blocking(move || e.stop_egress()).await;
     }
 
     fn live(&self) -> Vec<Arc<Sandbox>> {

@@ -112,7 +112,12 @@ impl Engine {
                 let mut pools = self.lock_pools();
                 let mut fits = pools
                     .iter_mut()
-                    .filter(|(_, p)| p.template == boot.template && p.limits == boot.limits)
+                    .filter(|(_, p)| {
+                        // A pool's sandboxes have no network: egress boots cold.
+                        boot.egress.mode == mayfly_types::EgressMode::None
+                            && p.template == boot.template
+                            && p.limits == boot.limits
+                    })
                     .peekable();
                 if fits.peek().is_none() {
                     return Ok(None);

@@ -85,6 +85,7 @@ impl Engine {
                             labels: Default::default(),
                             tenant: None,
                             pool: Some(name.clone()),
+                            egress: Default::default(),
                         },
                     ));
                 }

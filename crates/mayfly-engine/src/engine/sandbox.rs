@@ -58,6 +58,11 @@ pub(crate) struct Sandbox {
     /// OOM kills already recorded as events (the cgroup's count when last
     /// looked at).
     pub oom_seen: AtomicU64,
+    /// The sandbox's prepared network namespace (egress other than `none`),
+    /// taken back by destroy.
+    pub net: Mutex<Option<crate::egress::Prepared>>,
+    /// Its live egress state (policy, connections), shared with the proxy.
+    pub egress: OnceLock<Arc<crate::egress::Attached>>,
 }
 
 impl Sandbox {
@@ -100,6 +105,8 @@ impl Sandbox {
             done: AtomicBool::new(false),
             lease,
             oom_seen: AtomicU64::new(0),
+            net: Mutex::new(None),
+            egress: OnceLock::new(),
         }
     }
 
