@@ -16,6 +16,11 @@ pub enum Presented {
 /// Reads the SNI of a TLS ClientHello record.
 pub fn tls_sni(buf: &[u8]) -> Presented {
     use tls_parser::{TlsExtension, TlsMessage, TlsMessageHandshake};
+    // 22: a handshake record. Anything else is no ClientHello, however
+    // long the record header claims to be.
+    if buf.first().is_some_and(|b| *b != 22) {
+        return Presented::Nothing;
+    }
     let record = match tls_parser::parse_tls_plaintext(buf) {
         Ok((_, r)) => r,
         Err(tls_parser::Err::Incomplete(_)) => return Presented::NeedMore,

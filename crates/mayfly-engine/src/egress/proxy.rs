@@ -35,7 +35,7 @@ pub async fn serve(shared: Arc<Shared>, listener: TcpListener) {
         let shared = shared.clone();
         tokio::spawn(async move {
             if let Err(why) = handle(&shared, &sandbox, stream).await {
-                tracing::debug!(sandbox = %sandbox.id, reason = why.as_str(), "egress: connection refused");
+                tracing::info!(sandbox = %sandbox.id, reason = why.as_str(), "egress: connection refused");
             }
         });
     }

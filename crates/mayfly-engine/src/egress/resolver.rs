@@ -59,7 +59,7 @@ async fn answer(shared: &Shared, sandbox: &super::Attached, query: Message) -> M
     reply.queries.push(q.clone());
     let name = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
     if !may_resolve(&sandbox.policy(), &name) {
-        tracing::debug!(sandbox = %sandbox.id, %name, "resolver: name not allowed");
+        tracing::info!(sandbox = %sandbox.id, %name, "resolver: name not allowed");
         reply.metadata.response_code = ResponseCode::NXDomain;
         return reply;
     }
