@@ -20,7 +20,6 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;
-    engine.start_background();
     engine
         .enable_egress(mayfly_engine::egress::EgressConfig {
             names: mayfly_engine::egress::plan::Names::for_state_dir(&cli.state_dir),
@@ -32,6 +31,8 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
             },
         })
         .await;
+    // After egress: a configured pool with network needs it.
+    engine.start_background();
     let token = match (&a.token_file, &cli.token) {
         (Some(f), _) => Some(
             std::fs::read_to_string(f)

@@ -411,3 +411,30 @@ async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
         .unwrap_or_default();
     assert!(named.iter().all(|n| !n.starts_with("mf-") && !n.starts_with("mayfly")), "{netns} named namespaces: {named:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_with_network_serves_creates_with_egress_and_applies_their_policy() {
+    let out = Outside::start();
+    let d = daemon_for(&out, &["--pool", "host=2,network=on"]).await;
+    for _ in 0..300 {
+        let pools = d.client.pools().await.expect("pools");
+        if pools.iter().any(|p| p.name == "host" && p.ready == 2 && p.network) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info = d
+        .create_with(&CreateRequest {
+            egress: Some(policy(EgressMode::Allow, &["allowed.test:80"])),
+            ..CreateRequest::default()
+        })
+        .await;
+    assert_eq!(info.source, mayfly_types::SandboxSource::Pool, "{info:?}");
+    expect(&d, &info.id, &["http", "allowed.test", "80"], "OK").await;
+    expect(&d, &info.id, &["resolve", "other.test", "0"], "BLOCKED").await;
+    // A create without egress does not take a pool sandbox with network.
+    let none = d.create().await;
+    assert_ne!(none.source, mayfly_types::SandboxSource::Pool);
+    let ifaces = d.sh(&none.id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").await;
+    assert_eq!(ifaces.trim(), "lo");
+}

@@ -10,6 +10,15 @@ use super::Engine;
 use crate::egress::{Attached, Egress, EgressConfig, Prepared};
 use crate::EngineError;
 
+/// The policy of a pool's sandbox until it is claimed: an interface, and
+/// nothing it may reach.
+pub(crate) fn closed_policy() -> EgressPolicy {
+    EgressPolicy {
+        mode: EgressMode::Allow,
+        ..EgressPolicy::default()
+    }
+}
+
 impl Engine {
     /// Starts the egress service (resolver, proxy, ruleset, namespace
     /// pool). When it cannot start, the daemon still serves sandboxes with
@@ -54,6 +63,11 @@ impl Engine {
             self.egress()?;
         }
         Ok(policy)
+    }
+
+    /// Whether creates with egress can be served (for a pool with network).
+    pub(crate) fn egress_ready(&self) -> Result<(), EngineError> {
+        self.egress().map(drop)
     }
 
     fn egress(&self) -> Result<&Egress, EngineError> {

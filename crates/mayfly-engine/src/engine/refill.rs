@@ -85,7 +85,11 @@ impl Engine {
                             labels: Default::default(),
                             tenant: None,
                             pool: Some(name.clone()),
-                            egress: Default::default(),
+                            egress: if p.network {
+                                super::network::closed_policy()
+                            } else {
+                                Default::default()
+                            },
                         },
                     ));
                 }
