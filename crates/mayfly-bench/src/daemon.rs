@@ -47,6 +47,16 @@ impl Daemon {
     /// Starts `mayfly --socket S --state-dir D serve` in `dir` and waits until
     /// it answers `/healthz`.
     pub async fn start(mayfly: &Path, dir: &Path, max_sandboxes: u32) -> anyhow::Result<Daemon> {
+        Self::start_with(mayfly, dir, max_sandboxes, &[]).await
+    }
+
+    /// As [`Daemon::start`], with more `serve` arguments.
+    pub async fn start_with(
+        mayfly: &Path,
+        dir: &Path,
+        max_sandboxes: u32,
+        extra: &[&str],
+    ) -> anyhow::Result<Daemon> {
         let socket = dir.join("mayfly.sock");
         let state_dir = dir.join("state");
         let log = dir.join("daemon.log");
@@ -66,6 +76,7 @@ impl Daemon {
                 "--pool",
                 "host=0",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)

@@ -10,6 +10,7 @@ mod api;
 mod daemon;
 mod density;
 mod host;
+mod net;
 mod pool;
 mod report;
 mod spawn;
@@ -54,6 +55,10 @@ enum Measure {
     /// Warm pools: claim latency, `mayfly run` through a warm daemon
     /// against bwrap, refill rate, and sustained throughput under load.
     Pool,
+    /// Egress: cold create with policy `allow` against `none`, pool claims
+    /// with network against without, veth namespace setup cost, and TCP
+    /// throughput through the egress proxy against direct. Not part of `all`.
+    Net,
 }
 
 #[derive(Debug, Args)]
@@ -108,6 +113,9 @@ struct Opts {
     /// Also write the JSON report here.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
+    /// `net`: replace its section of this file (docs/BENCHMARKS.md).
+    #[arg(long, global = true)]
+    section: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -146,6 +154,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         .map(|a| shell_quote(&a))
         .collect::<Vec<_>>()
         .join(" ");
+    if cli.measure == Measure::Net {
+        return net_measures(o, &mayfly, &command).await;
+    }
     let mut report = Report::new(host::machine(), versions(&mayfly), command);
     let mut ok = true;
     let m = cli.measure;
@@ -347,4 +358,57 @@ fn shell_quote(s: &str) -> String {
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
     }
+}
+
+/// `net`: its own daemon (with a DNS table naming the bench's sink), its
+/// own section of the report.
+async fn net_measures(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Result<bool> {
+    let scratch = Scratch::new("net")?;
+    let hosts = scratch.path.join("hosts");
+    std::fs::write(&hosts, "10.78.0.2 sink.test\n")?;
+    let hosts_arg = hosts.display().to_string();
+    let _outside = net::Outside::start()?;
+    let mut d = Daemon::start_with(mayfly, &scratch.path, 4096, &["--dns-hosts", &hosts_arg]).await?;
+    let mut r = net::NetReport::default();
+    let mut ledger = Ledger::default();
+    let (n, w) = (o.iterations, o.warmup);
+    let mut ok = true;
+    eprintln!("mayfly-bench: cold create, allow against none, {n} iterations");
+    if let Err(e) = net::cold(&d, n, w, &mut ledger, &mut r).await {
+        r.notes.push(format!("The cold create measure failed: {e:#}"));
+        ok = false;
+    }
+    eprintln!("mayfly-bench: pool claims with and without network, {n} iterations");
+    if let Err(e) = net::claims(&d, n, w, &mut ledger, &mut r).await {
+        r.notes.push(format!("The claim measure failed: {e:#}"));
+        ok = false;
+    }
+    eprintln!("mayfly-bench: throughput, direct and through the proxy");
+    if let Err(e) = net::throughput(&d, &mut ledger, &mut r).await {
+        r.notes.push(format!("The throughput measure failed: {e:#}"));
+        ok = false;
+    }
+    if let Err(e) = d.stop(Duration::from_secs(60)).await {
+        r.notes.push(format!("Stopping the daemon: {e:#}"));
+        ok = false;
+    }
+    eprintln!("mayfly-bench: veth namespace setup cost, {} iterations", n.min(50));
+    if let Err(e) = net::setup_costs(n.min(50), &mut r) {
+        r.notes.push(format!("The setup-cost measure failed: {e:#}"));
+        ok = false;
+    }
+    let machine = host::machine();
+    let when = machine.get("date").cloned().unwrap_or_default();
+    let desc = format!(
+        "Linux {}, {} vCPUs",
+        machine.get("kernel").cloned().unwrap_or_default(),
+        machine.get("nproc").cloned().unwrap_or_default()
+    );
+    let commit = versions(mayfly).get("mayfly").cloned().unwrap_or_default();
+    let md = net::markdown(&r, &when, &desc, command, &commit);
+    println!("{md}");
+    if let Some(f) = &o.section {
+        net::write_section(f, &md)?;
+    }
+    Ok(ok)
 }
