@@ -368,14 +368,16 @@ async fn net_measures(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Result<
     std::fs::write(&hosts, "10.78.0.2 sink.test\n")?;
     let hosts_arg = hosts.display().to_string();
     let _outside = net::Outside::start()?;
-    let mut d = Daemon::start_with(mayfly, &scratch.path, 4096, &["--dns-hosts", &hosts_arg]).await?;
+    let mut d =
+        Daemon::start_with(mayfly, &scratch.path, 4096, &["--dns-hosts", &hosts_arg]).await?;
     let mut r = net::NetReport::default();
     let mut ledger = Ledger::default();
     let (n, w) = (o.iterations, o.warmup);
     let mut ok = true;
     eprintln!("mayfly-bench: cold create, allow against none, {n} iterations");
     if let Err(e) = net::cold(&d, n, w, &mut ledger, &mut r).await {
-        r.notes.push(format!("The cold create measure failed: {e:#}"));
+        r.notes
+            .push(format!("The cold create measure failed: {e:#}"));
         ok = false;
     }
     eprintln!("mayfly-bench: pool claims with and without network, {n} iterations");
@@ -385,16 +387,21 @@ async fn net_measures(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Result<
     }
     eprintln!("mayfly-bench: throughput, direct and through the proxy");
     if let Err(e) = net::throughput(&d, &mut ledger, &mut r).await {
-        r.notes.push(format!("The throughput measure failed: {e:#}"));
+        r.notes
+            .push(format!("The throughput measure failed: {e:#}"));
         ok = false;
     }
     if let Err(e) = d.stop(Duration::from_secs(60)).await {
         r.notes.push(format!("Stopping the daemon: {e:#}"));
         ok = false;
     }
-    eprintln!("mayfly-bench: veth namespace setup cost, {} iterations", n.min(50));
+    eprintln!(
+        "mayfly-bench: veth namespace setup cost, {} iterations",
+        n.min(50)
+    );
     if let Err(e) = net::setup_costs(n.min(50), &mut r) {
-        r.notes.push(format!("The setup-cost measure failed: {e:#}"));
+        r.notes
+            .push(format!("The setup-cost measure failed: {e:#}"));
         ok = false;
     }
     let machine = host::machine();

@@ -47,7 +47,11 @@ fn allow() -> EgressPolicy {
     }
 }
 
-async fn timed_create(c: &Client, egress: Option<EgressPolicy>, ledger: &mut Ledger) -> anyhow::Result<(Duration, mayfly_types::SandboxInfo)> {
+async fn timed_create(
+    c: &Client,
+    egress: Option<EgressPolicy>,
+    ledger: &mut Ledger,
+) -> anyhow::Result<(Duration, mayfly_types::SandboxInfo)> {
     let req = CreateRequest {
         egress,
         ..CreateRequest::default()
@@ -60,7 +64,13 @@ async fn timed_create(c: &Client, egress: Option<EgressPolicy>, ledger: &mut Led
 }
 
 /// Cold create→ready, `none` and `allow` alternating.
-pub async fn cold(d: &Daemon, n: usize, warmup: usize, ledger: &mut Ledger, r: &mut NetReport) -> anyhow::Result<()> {
+pub async fn cold(
+    d: &Daemon,
+    n: usize,
+    warmup: usize,
+    ledger: &mut Ledger,
+    r: &mut NetReport,
+) -> anyhow::Result<()> {
     let c = &d.client;
     let (mut none, mut allowed) = (Samples::new(), Samples::new());
     for i in 0..warmup + n {
@@ -69,7 +79,10 @@ pub async fn cold(d: &Daemon, n: usize, warmup: usize, ledger: &mut Ledger, r: &
         call("destroying", c.destroy(&a.id)).await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let (ta, b) = timed_create(c, Some(allow()), ledger).await?;
-        ensure!(b.source == SandboxSource::Cold, "the allow create was not cold");
+        ensure!(
+            b.source == SandboxSource::Cold,
+            "the allow create was not cold"
+        );
         call("destroying", c.destroy(&b.id)).await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
         if i >= warmup {
@@ -77,9 +90,13 @@ pub async fn cold(d: &Daemon, n: usize, warmup: usize, ledger: &mut Ledger, r: &
             allowed.push(ta);
         }
     }
-    r.ratios.push(("cold create, allow / none (paired median)".into(), paired_ratio_median(&allowed, &none)));
+    r.ratios.push((
+        "cold create, allow / none (paired median)".into(),
+        paired_ratio_median(&allowed, &none),
+    ));
     r.rows.push(("cold create→ready, egress none".into(), none));
-    r.rows.push(("cold create→ready, egress allow".into(), allowed));
+    r.rows
+        .push(("cold create→ready, egress allow".into(), allowed));
     Ok(())
 }
 
@@ -87,7 +104,10 @@ async fn settle(c: &Client, name: &str, ready: u32) -> anyhow::Result<()> {
     let t = Instant::now();
     loop {
         let pools = call("listing pools", c.pools()).await?;
-        if pools.iter().any(|p| p.name == name && p.ready >= ready && p.filling == 0) {
+        if pools
+            .iter()
+            .any(|p| p.name == name && p.ready >= ready && p.filling == 0)
+        {
             return Ok(());
         }
         if t.elapsed() > Duration::from_secs(60) {
@@ -99,7 +119,13 @@ async fn settle(c: &Client, name: &str, ready: u32) -> anyhow::Result<()> {
 
 /// Pool claims, with network and without, alternating, each against a
 /// full, quiet pool.
-pub async fn claims(d: &Daemon, n: usize, warmup: usize, ledger: &mut Ledger, r: &mut NetReport) -> anyhow::Result<()> {
+pub async fn claims(
+    d: &Daemon,
+    n: usize,
+    warmup: usize,
+    ledger: &mut Ledger,
+    r: &mut NetReport,
+) -> anyhow::Result<()> {
     let c = &d.client;
     for (name, network) in [("plain", false), ("net", true)] {
         let spec = PoolSpec {
@@ -123,7 +149,10 @@ pub async fn claims(d: &Daemon, n: usize, warmup: usize, ledger: &mut Ledger, r:
             let n = timed_create(c, Some(allow()), ledger).await?;
             (timed_create(c, None, ledger).await?, n)
         };
-        ensure!(a.source == SandboxSource::Pool && b.source == SandboxSource::Pool, "a claim missed its pool");
+        ensure!(
+            a.source == SandboxSource::Pool && b.source == SandboxSource::Pool,
+            "a claim missed its pool"
+        );
         call("destroying", c.destroy(&a.id)).await?;
         call("destroying", c.destroy(&b.id)).await?;
         if i >= warmup {
@@ -134,14 +163,22 @@ pub async fn claims(d: &Daemon, n: usize, warmup: usize, ledger: &mut Ledger, r:
     for name in ["plain", "net"] {
         call("draining a pool", c.drain_pool(name)).await?;
     }
-    r.ratios.push(("pool claim, with network / without (paired median)".into(), paired_ratio_median(&net, &plain)));
+    r.ratios.push((
+        "pool claim, with network / without (paired median)".into(),
+        paired_ratio_median(&net, &plain),
+    ));
     r.rows.push(("pool claim, no network".into(), plain));
-    r.rows.push(("pool claim, with network (policy swapped in)".into(), net));
+    r.rows
+        .push(("pool claim, with network (policy swapped in)".into(), net));
     Ok(())
 }
 
 fn sh(args: &[&str]) -> anyhow::Result<()> {
-    let st = Command::new(args[0]).args(&args[1..]).stdin(Stdio::null()).stdout(Stdio::null()).status()
+    let st = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
         .with_context(|| format!("running {args:?}"))?;
     ensure!(st.success(), "{args:?} failed: {st}");
     Ok(())
@@ -174,8 +211,12 @@ pub fn setup_costs(n: usize, r: &mut NetReport) -> anyhow::Result<()> {
         drop(ns);
         teardown.push(t.elapsed());
     }
-    r.rows.push(("veth namespace setup (netns, pair, addresses, route)".into(), veth));
-    r.rows.push(("veth namespace teardown (link delete)".into(), teardown));
+    r.rows.push((
+        "veth namespace setup (netns, pair, addresses, route)".into(),
+        veth,
+    ));
+    r.rows
+        .push(("veth namespace teardown (link delete)".into(), teardown));
     r.notes.push(PASTA.into());
     Ok(())
 }
@@ -185,13 +226,38 @@ pub struct Outside;
 
 impl Outside {
     pub fn start() -> anyhow::Result<Outside> {
-        let _ = Command::new("ip").args(["netns", "del", OUTSIDE_NS]).status();
-        let _ = Command::new("ip").args(["link", "del", "mfbench-h"]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", OUTSIDE_NS])
+            .status();
+        let _ = Command::new("ip")
+            .args(["link", "del", "mfbench-h"])
+            .status();
         sh(&["ip", "netns", "add", OUTSIDE_NS])?;
-        sh(&["ip", "link", "add", "mfbench-h", "type", "veth", "peer", "name", "mfbench-i", "netns", OUTSIDE_NS])?;
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            "mfbench-h",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "mfbench-i",
+            "netns",
+            OUTSIDE_NS,
+        ])?;
         sh(&["ip", "addr", "add", "10.78.0.1/24", "dev", "mfbench-h"])?;
         sh(&["ip", "link", "set", "mfbench-h", "up"])?;
-        sh(&["ip", "-n", OUTSIDE_NS, "addr", "add", "10.78.0.2/24", "dev", "mfbench-i"])?;
+        sh(&[
+            "ip",
+            "-n",
+            OUTSIDE_NS,
+            "addr",
+            "add",
+            "10.78.0.2/24",
+            "dev",
+            "mfbench-i",
+        ])?;
         sh(&["ip", "-n", OUTSIDE_NS, "link", "set", "mfbench-i", "up"])?;
         sh(&["ip", "-n", OUTSIDE_NS, "link", "set", "lo", "up"])?;
         let sink = "import socket, threading\n\
@@ -199,8 +265,12 @@ impl Outside {
             ls.bind(('10.78.0.2', 9000)); ls.listen(16)\n\
             def h(c):\n    n = 0\n    while True:\n        d = c.recv(1 << 20)\n        if not d: break\n        n += len(d)\n    c.sendall(str(n).encode()); c.close()\n\
             while True:\n    c, _ = ls.accept(); threading.Thread(target=h, args=(c,), daemon=True).start()\n";
-        Command::new("ip").args(["netns", "exec", OUTSIDE_NS, "python3", "-c", sink])
-            .stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()
+        Command::new("ip")
+            .args(["netns", "exec", OUTSIDE_NS, "python3", "-c", sink])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
             .context("starting the sink")?;
         std::thread::sleep(Duration::from_millis(300));
         Ok(Outside)
@@ -210,12 +280,17 @@ impl Outside {
 impl Drop for Outside {
     fn drop(&mut self) {
         // Deleting the namespace kills nothing; its server is found by it.
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", OUTSIDE_NS]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", OUTSIDE_NS])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").arg(pid).status();
             }
         }
-        let _ = Command::new("ip").args(["netns", "del", OUTSIDE_NS]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", OUTSIDE_NS])
+            .status();
     }
 }
 
@@ -231,24 +306,51 @@ const CLIENT: &str = "import socket, sys, time\n\
     print('%.1f' % (n / el / 1e6))\n";
 
 fn mbps(out: &[u8]) -> anyhow::Result<f64> {
-    String::from_utf8_lossy(out).trim().parse::<f64>().context("reading the client's MB/s")
+    String::from_utf8_lossy(out)
+        .trim()
+        .parse::<f64>()
+        .context("reading the client's MB/s")
 }
 
 /// TCP throughput to the sink: from the host directly, from a sandbox
 /// through Mayfly's proxy, and from a pasta namespace.
 pub async fn throughput(d: &Daemon, ledger: &mut Ledger, r: &mut NetReport) -> anyhow::Result<()> {
     let n = BYTES.to_string();
-    let direct = Command::new("python3").args(["-c", CLIENT, SINK, &n]).output()?;
-    ensure!(direct.status.success(), "the direct run failed: {}", String::from_utf8_lossy(&direct.stderr));
-    r.throughput.push(("host → sink, direct".into(), mbps(&direct.stdout)?));
+    let direct = Command::new("python3")
+        .args(["-c", CLIENT, SINK, &n])
+        .output()?;
+    ensure!(
+        direct.status.success(),
+        "the direct run failed: {}",
+        String::from_utf8_lossy(&direct.stderr)
+    );
+    r.throughput
+        .push(("host → sink, direct".into(), mbps(&direct.stdout)?));
     let (_, sb) = timed_create(&d.client, Some(allow()), ledger).await?;
     let exec = mayfly_types::ExecRequest {
-        argv: vec!["python3".into(), "-c".into(), CLIENT.into(), "sink.test".into(), n.clone()],
+        argv: vec![
+            "python3".into(),
+            "-c".into(),
+            CLIENT.into(),
+            "sink.test".into(),
+            n.clone(),
+        ],
         ..mayfly_types::ExecRequest::default()
     };
-    let res = call("running the client in a sandbox", d.client.exec(&sb.id, &exec)).await?;
-    ensure!(res.status.exit_code == Some(0), "the sandbox run failed: {}", String::from_utf8_lossy(&res.stderr.0));
-    r.throughput.push(("sandbox → sink, veth + nftables + Mayfly's proxy (allow, Host/SNI not involved)".into(), mbps(&res.stdout.0)?));
+    let res = call(
+        "running the client in a sandbox",
+        d.client.exec(&sb.id, &exec),
+    )
+    .await?;
+    ensure!(
+        res.status.exit_code == Some(0),
+        "the sandbox run failed: {}",
+        String::from_utf8_lossy(&res.stderr.0)
+    );
+    r.throughput.push((
+        "sandbox → sink, veth + nftables + Mayfly's proxy (allow, Host/SNI not involved)".into(),
+        mbps(&res.stdout.0)?,
+    ));
     call("destroying", d.client.destroy(&sb.id)).await?;
     Ok(())
 }
@@ -266,14 +368,30 @@ pub fn markdown(r: &NetReport, when: &str, machine: &str, command: &str, commit:
     let _ = writeln!(s, "### Latency (milliseconds)\n\n| measure | n | p50 | p95 | p99 | mean |\n| --- | --- | --- | --- | --- | --- |");
     for (name, samples) in &r.rows {
         if let Some(x) = samples.summary() {
-            let _ = writeln!(s, "| {name} | {} | {} | {} | {} | {} |", x.n, ms(x.p50), ms(x.p95), ms(x.p99), ms(x.mean));
+            let _ = writeln!(
+                s,
+                "| {name} | {} | {} | {} | {} | {} |",
+                x.n,
+                ms(x.p50),
+                ms(x.p95),
+                ms(x.p99),
+                ms(x.mean)
+            );
         }
     }
     let _ = writeln!(s, "\n### Ratios\n\n| ratio | value |\n| --- | --- |");
     for (name, v) in &r.ratios {
-        let _ = writeln!(s, "| {name} | {} |", v.map_or("n/a".into(), |v| format!("{v:.2}")));
+        let _ = writeln!(
+            s,
+            "| {name} | {} |",
+            v.map_or("n/a".into(), |v| format!("{v:.2}"))
+        );
     }
-    let _ = writeln!(s, "\n### TCP throughput, one connection, {} MiB\n\n| path | MB/s |\n| --- | --- |", BYTES >> 20);
+    let _ = writeln!(
+        s,
+        "\n### TCP throughput, one connection, {} MiB\n\n| path | MB/s |\n| --- | --- |",
+        BYTES >> 20
+    );
     for (name, v) in &r.throughput {
         let _ = writeln!(s, "| {name} | {v:.0} |");
     }
@@ -291,7 +409,12 @@ pub fn markdown(r: &NetReport, when: &str, machine: &str, command: &str, commit:
 pub fn write_section(file: &Path, section: &str) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
     let new = match (text.find(BEGIN), text.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{}{}", &text[..b], section.trim_end(), &text[e + END.len()..]),
+        (Some(b), Some(e)) if e > b => format!(
+            "{}{}{}",
+            &text[..b],
+            section.trim_end(),
+            &text[e + END.len()..]
+        ),
         _ => format!("{}\n{}", text.trim_end(), section),
     };
     std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))

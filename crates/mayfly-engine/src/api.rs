@@ -71,7 +71,10 @@ pub trait SandboxApi: Send + Sync + 'static {
         ttl_secs: Option<u64>,
     ) -> Result<SandboxInfo, EngineError>;
     /// The sandbox's live egress policy.
-    async fn egress_policy(&self, id: &SandboxId) -> Result<mayfly_types::EgressPolicy, EngineError> {
+    async fn egress_policy(
+        &self,
+        id: &SandboxId,
+    ) -> Result<mayfly_types::EgressPolicy, EngineError> {
         Err(EngineError::NoSuchSandbox(id.clone()))
     }
     /// Replaces the sandbox's egress policy; it applies at once.

@@ -74,7 +74,11 @@ fn table() -> Routes {
             "/v1/sandboxes/{id}/keepalive",
             post(keepalive),
         )
-        .add(Method::GET, "/v1/sandboxes/{id}/egress", get(crate::egress::get_egress))
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/egress",
+            get(crate::egress::get_egress),
+        )
         .add(
             Method::PATCH,
             "/v1/sandboxes/{id}/egress",

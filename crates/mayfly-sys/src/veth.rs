@@ -166,7 +166,12 @@ async fn wire(
         .map_err(nl("addressing eth0", link))?;
     inside
         .link()
-        .set(LinkMessageBuilder::<LinkUnspec>::new().index(eth0).up().build())
+        .set(
+            LinkMessageBuilder::<LinkUnspec>::new()
+                .index(eth0)
+                .up()
+                .build(),
+        )
         .execute()
         .await
         .map_err(nl("bringing eth0 up", link))?;
@@ -190,7 +195,12 @@ async fn wire(
         .await
         .map_err(nl("addressing the host side", link))?;
     host.link()
-        .set(LinkMessageBuilder::<LinkUnspec>::new().index(outside).up().build())
+        .set(
+            LinkMessageBuilder::<LinkUnspec>::new()
+                .index(outside)
+                .up()
+                .build(),
+        )
         .execute()
         .await
         .map_err(nl("bringing the host side up", link))?;
@@ -229,7 +239,11 @@ pub fn list_links(prefix: &str) -> Result<Vec<String>, VethError> {
         rt.block_on(async {
             let mut names = Vec::new();
             let mut links = h.link().get().execute();
-            while let Some(m) = links.try_next().await.map_err(nl("listing links", &prefix))? {
+            while let Some(m) = links
+                .try_next()
+                .await
+                .map_err(nl("listing links", &prefix))?
+            {
                 for a in m.attributes {
                     if let LinkAttribute::IfName(n) = a {
                         if n.starts_with(prefix.as_str()) {

@@ -204,7 +204,10 @@ fn parse_cidr(host: &str, entry: &str) -> Result<Option<(IpAddr, u8)>, EgressErr
         },
     };
     if masked(ip, prefix) != ip {
-        return Err(bad(entry, "the address has bits set beyond the prefix length"));
+        return Err(bad(
+            entry,
+            "the address has bits set beyond the prefix length",
+        ));
     }
     Ok(Some((ip, prefix)))
 }
@@ -260,7 +263,10 @@ impl std::str::FromStr for EgressEntry {
             None => (lower, false),
         };
         if name.contains('*') {
-            return Err(bad(entry, "a wildcard may only be the whole first label (`*.example.com`)"));
+            return Err(bad(
+                entry,
+                "a wildcard may only be the whole first label (`*.example.com`)",
+            ));
         }
         check_name(&name, entry)?;
         if !wildcard && !name.contains('.') && name.bytes().all(|b| b.is_ascii_digit()) {
@@ -287,9 +293,11 @@ impl EgressEntry {
                 name: n,
                 wildcard: true,
                 ..
-            } => name.len() > n.len() + 1
-                && name.ends_with(n.as_str())
-                && name.as_bytes()[name.len() - n.len() - 1] == b'.',
+            } => {
+                name.len() > n.len() + 1
+                    && name.ends_with(n.as_str())
+                    && name.as_bytes()[name.len() - n.len() - 1] == b'.'
+            }
             EgressEntry::Cidr { .. } => false,
         }
     }

@@ -242,7 +242,9 @@ impl SpecArgs {
     /// The egress policy the flags ask for; none when no flag names one.
     fn egress_policy(&self) -> anyhow::Result<Option<mayfly_types::EgressPolicy>> {
         let parse = |list: &[String]| -> anyhow::Result<Vec<mayfly_types::EgressEntry>> {
-            list.iter().map(|s| s.parse().map_err(anyhow::Error::from)).collect()
+            list.iter()
+                .map(|s| s.parse().map_err(anyhow::Error::from))
+                .collect()
         };
         let mode = match self.egress.as_deref() {
             None if self.allow.is_empty() && self.deny.is_empty() => return Ok(None),

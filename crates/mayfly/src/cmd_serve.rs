@@ -89,11 +89,15 @@ fn template_egress(
     flags
         .iter()
         .map(|(t, f)| {
-            let template = t.parse().with_context(|| format!("--template-egress {t}"))?;
+            let template = t
+                .parse()
+                .with_context(|| format!("--template-egress {t}"))?;
             let text = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
             let policy: mayfly_types::EgressPolicy =
                 serde_json::from_str(&text).with_context(|| format!("the egress policy in {f}"))?;
-            policy.validate().with_context(|| format!("the egress policy in {f}"))?;
+            policy
+                .validate()
+                .with_context(|| format!("the egress policy in {f}"))?;
             Ok((template, policy))
         })
         .collect()

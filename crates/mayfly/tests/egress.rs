@@ -92,7 +92,11 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A network namespace with a veth to the host and the recording servers.
@@ -114,10 +118,20 @@ impl Outside {
         let _ = Command::new("ip").args(["netns", "del", &ns]).output();
         let _ = Command::new("ip").args(["link", "del", &h]).output();
         ip(&["netns", "add", &ns]);
-        ip(&["link", "add", &h, "type", "veth", "peer", "name", &i, "netns", &ns]);
+        ip(&[
+            "link", "add", &h, "type", "veth", "peer", "name", &i, "netns", &ns,
+        ]);
         ip(&["addr", "add", &format!("10.77.{n}.1/24"), "dev", &h]);
         ip(&["link", "set", &h, "up"]);
-        ip(&["-n", &ns, "addr", "add", &format!("10.77.{n}.2/24"), "dev", &i]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("10.77.{n}.2/24"),
+            "dev",
+            &i,
+        ]);
         ip(&["-n", &ns, "link", "set", &i, "up"]);
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
         let dir = test_dir();
@@ -137,7 +151,13 @@ impl Outside {
         )
         .expect("reading the servers' ready line");
         assert_eq!(line.trim(), "ready");
-        Outside { ns, addr, log, server, _dir: dir }
+        Outside {
+            ns,
+            addr,
+            log,
+            server,
+            _dir: dir,
+        }
     }
 
     /// A hosts file naming the outside `allowed.test`, `other.test` and
@@ -146,7 +166,10 @@ impl Outside {
         let f = self._dir.path().join("hosts");
         std::fs::write(
             &f,
-            format!("{0} allowed.test other.test a.wild.test\n127.0.0.1 loop.test\n", self.addr),
+            format!(
+                "{0} allowed.test other.test a.wild.test\n127.0.0.1 loop.test\n",
+                self.addr
+            ),
         )
         .expect("writing the hosts file");
         f.to_string_lossy().into_owned()
@@ -196,7 +219,10 @@ async fn probe(d: &Daemon, id: &SandboxId, args: &[&str]) -> String {
 
 async fn expect(d: &Daemon, id: &SandboxId, args: &[&str], want: &str) {
     let got = probe(d, id, args).await;
-    assert!(got.starts_with(want), "{args:?} from {id}: expected {want}, got {got:?}");
+    assert!(
+        got.starts_with(want),
+        "{args:?} from {id}: expected {want}, got {got:?}"
+    );
 }
 
 /// The sandbox's own address (a UDP connect sends nothing).
@@ -249,7 +275,11 @@ async fn allow_list_admits_allowed_names_and_blocks_everything_else() {
     std::fs::write(&token, "t0ken").expect("token file");
     let port = 20000 + (std::process::id() % 20000);
     let tcp = format!("0.0.0.0:{port}");
-    let d = daemon_for(&out, &["--tcp", &tcp, "--token-file", token.to_str().expect("path")]).await;
+    let d = daemon_for(
+        &out,
+        &["--tcp", &tcp, "--token-file", token.to_str().expect("path")],
+    )
+    .await;
     let allow = ["allowed.test:80", "allowed.test:443", "*.wild.test:5000"];
     let a = create(&d, policy(EgressMode::Allow, &allow)).await;
     let b = create(&d, policy(EgressMode::Open, &[])).await;
@@ -260,7 +290,11 @@ async fn allow_list_admits_allowed_names_and_blocks_everything_else() {
     expect(&d, &a, &["http", "allowed.test", "80"], "OK").await;
     expect(&d, &a, &["tls", "allowed.test", "443"], "OK").await;
     expect(&d, &a, &["raw", "a.wild.test", "5000"], "OK").await;
-    assert_eq!(out.hits("tcp 443"), 1, "the allowed ClientHello reached the server");
+    assert_eq!(
+        out.hits("tcp 443"),
+        1,
+        "the allowed ClientHello reached the server"
+    );
     // Other names do not resolve; other ports of an allowed name are closed.
     expect(&d, &a, &["resolve", "other.test", "0"], "BLOCKED").await;
     expect(&d, &a, &["http", "allowed.test", "8080"], "BLOCKED").await;
@@ -275,17 +309,40 @@ async fn allow_list_admits_allowed_names_and_blocks_everything_else() {
     expect(&d, &a, &["http", "loop.test", "80"], "BLOCKED").await;
     let host = host_addr();
     expect(&d, &a, &["http", &host, &port.to_string()], "BLOCKED").await;
-    let gw = a_addr.rsplit_once('.').map(|(n, l)| format!("{n}.{}", l.parse::<u8>().unwrap_or(2) - 1)).expect("addr");
+    let gw = a_addr
+        .rsplit_once('.')
+        .map(|(n, l)| format!("{n}.{}", l.parse::<u8>().unwrap_or(2) - 1))
+        .expect("addr");
     expect(&d, &a, &["http", &gw, &port.to_string()], "BLOCKED").await;
-    d.sh(&b, "(python3 -m http.server 8000 >/dev/null 2>&1 &) ; sleep 0.5").await;
+    d.sh(
+        &b,
+        "(python3 -m http.server 8000 >/dev/null 2>&1 &) ; sleep 0.5",
+    )
+    .await;
     expect(&d, &a, &["http", &b_addr, "8000"], "BLOCKED").await;
     expect(&d, &a, &["http", "169.254.169.254", "80"], "BLOCKED").await;
     // A foreign DNS server is never reached: the daemon answers instead.
     expect(&d, &a, &["dns", ip, "53", "other.test"], "ANSWERED rcode=3").await;
-    expect(&d, &a, &["dns", ip, "53", "allowed.test"], "ANSWERED rcode=0 answers=1").await;
-    assert_eq!(out.hits("dns"), 0, "the foreign DNS server got a query: {}", out.log());
+    expect(
+        &d,
+        &a,
+        &["dns", ip, "53", "allowed.test"],
+        "ANSWERED rcode=0 answers=1",
+    )
+    .await;
+    assert_eq!(
+        out.hits("dns"),
+        0,
+        "the foreign DNS server got a query: {}",
+        out.log()
+    );
     let before = out.hits("tcp 80") + out.hits("tcp 8080");
-    assert_eq!(before, 1, "only the allowed request reached the outside: {}", out.log());
+    assert_eq!(
+        before,
+        1,
+        "only the allowed request reached the outside: {}",
+        out.log()
+    );
 
     // A live change: other.test opens, allowed.test closes.
     let new = policy(EgressMode::Allow, &["other.test:80"]);
@@ -310,11 +367,20 @@ async fn open_mode_still_blocks_the_always_blocked_set_and_none_is_loopback_only
     expect(&d, &open, &["raw", ip, "53"], "BLOCKED").await;
 
     let none = d.create().await.id;
-    let ifaces = d.sh(&none, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").await;
-    assert_eq!(ifaces.trim(), "lo", "a sandbox with egress none has loopback only");
+    let ifaces = d
+        .sh(&none, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        .await;
+    assert_eq!(
+        ifaces.trim(),
+        "lo",
+        "a sandbox with egress none has loopback only"
+    );
     expect(&d, &none, &["raw", ip, "8080"], "BLOCKED").await;
     // It has no interface to open later.
-    let r = d.client.set_egress(&none, &policy(EgressMode::Open, &[])).await;
+    let r = d
+        .client
+        .set_egress(&none, &policy(EgressMode::Open, &[]))
+        .await;
     assert_eq!(code(r).1, ErrorCode::Conflict);
 }
 
@@ -346,7 +412,10 @@ async fn the_connection_cap_is_enforced() {
         "the third connection passed the cap of 2: {text:?} {:?}",
         String::from_utf8_lossy(&r.stderr.0)
     );
-    assert!(text.contains("after b'HTTP/1.0 200"), "a freed place is usable again: {text:?}");
+    assert!(
+        text.contains("after b'HTTP/1.0 200"),
+        "a freed place is usable again: {text:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -366,7 +435,13 @@ async fn malformed_policies_are_refused_with_400() {
     }
     let id = d.create().await.id;
     let path = format!("/v1/sandboxes/{id}/egress");
-    let r = http(&d.socket, "PATCH", &path, None, Some(r#"{"mode":"allow","allow":["1.2.3.4:0"]}"#));
+    let r = http(
+        &d.socket,
+        "PATCH",
+        &path,
+        None,
+        Some(r#"{"mode":"allow","allow":["1.2.3.4:0"]}"#),
+    );
     assert_eq!(r.status, 400, "{}", r.body);
 }
 
@@ -377,7 +452,8 @@ async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
     let t = tag(&d);
     let id = create(&d, policy(EgressMode::Open, &[])).await;
     let addr = own_addr(&d, &id).await;
-    let slot = mayfly_engine::egress::plan::slot_of_sandbox(addr.parse().expect("addr")).expect("slot");
+    let slot =
+        mayfly_engine::egress::plan::slot_of_sandbox(addr.parse().expect("addr")).expect("slot");
     let link = format!("mf-{t}-{slot}");
     assert!(links_of(&t).contains(&link));
     assert!(table_exists(&t));
@@ -387,7 +463,10 @@ async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
     while links_of(&t).contains(&link) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(!links_of(&t).contains(&link), "the sandbox's link outlived it");
+    assert!(
+        !links_of(&t).contains(&link),
+        "the sandbox's link outlived it"
+    );
     assert_no_leaks(&d.state_dir, &[id.as_str()]);
 
     let id2 = create(&d, policy(EgressMode::Open, &[])).await;
@@ -405,11 +484,22 @@ async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
     d.stop();
     assert_eq!(links_of(&t), Vec::<String>::new(), "links after shutdown");
     assert!(!table_exists(&t), "the table outlived the daemon");
-    let netns = std::fs::read_dir("/run/netns").map(|r| r.count()).unwrap_or(0);
+    let netns = std::fs::read_dir("/run/netns")
+        .map(|r| r.count())
+        .unwrap_or(0);
     let named: Vec<_> = std::fs::read_dir("/run/netns")
-        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
-    assert!(named.iter().all(|n| !n.starts_with("mf-") && !n.starts_with("mayfly")), "{netns} named namespaces: {named:?}");
+    assert!(
+        named
+            .iter()
+            .all(|n| !n.starts_with("mf-") && !n.starts_with("mayfly")),
+        "{netns} named namespaces: {named:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -418,7 +508,10 @@ async fn a_pool_with_network_serves_creates_with_egress_and_applies_their_policy
     let d = daemon_for(&out, &["--pool", "host=2,network=on"]).await;
     for _ in 0..300 {
         let pools = d.client.pools().await.expect("pools");
-        if pools.iter().any(|p| p.name == "host" && p.ready == 2 && p.network) {
+        if pools
+            .iter()
+            .any(|p| p.name == "host" && p.ready == 2 && p.network)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -435,6 +528,11 @@ async fn a_pool_with_network_serves_creates_with_egress_and_applies_their_policy
     // A create without egress does not take a pool sandbox with network.
     let none = d.create().await;
     assert_ne!(none.source, mayfly_types::SandboxSource::Pool);
-    let ifaces = d.sh(&none.id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").await;
+    let ifaces = d
+        .sh(
+            &none.id,
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+        )
+        .await;
     assert_eq!(ifaces.trim(), "lo");
 }

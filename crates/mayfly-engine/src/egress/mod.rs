@@ -139,7 +139,8 @@ fn reconcile(names: &plan::Names, lease_dir: &std::path::Path) -> Result<(), Egr
     Ok(())
 }
 
-async fn bind() -> Result<(tokio::net::TcpListener, tokio::net::UdpSocket, plan::Ports), EgressError> {
+async fn bind() -> Result<(tokio::net::TcpListener, tokio::net::UdpSocket, plan::Ports), EgressError>
+{
     let io = |op| move |source| EgressError::Io { op, source };
     // Bound on every address: the rules redirect to the address of the
     // interface a packet came in on (each sandbox's host side). Only
@@ -163,6 +164,8 @@ async fn bind() -> Result<(tokio::net::TcpListener, tokio::net::UdpSocket, plan:
 fn sandbox_of(peer: std::net::SocketAddr) -> Option<Ipv4Addr> {
     match peer.ip() {
         IpAddr::V4(a) => plan::slot_of_sandbox(a).map(|_| a),
-        IpAddr::V6(a) => a.to_ipv4_mapped().filter(|a| plan::slot_of_sandbox(*a).is_some()),
+        IpAddr::V6(a) => a
+            .to_ipv4_mapped()
+            .filter(|a| plan::slot_of_sandbox(*a).is_some()),
     }
 }

@@ -55,10 +55,11 @@ fn make_one(shared: &Shared) -> Result<Prepared, EgressError> {
     let start = pool.cursor.fetch_add(1, Ordering::Relaxed) % MAX_NET_SLOTS;
     for i in 0..MAX_NET_SLOTS {
         let slot = (start + i) % MAX_NET_SLOTS;
-        let Some(lease) = try_lease(&shared.cfg.lease_dir, slot).map_err(|source| EgressError::Io {
-            op: "leasing a network slot",
-            source,
-        })?
+        let Some(lease) =
+            try_lease(&shared.cfg.lease_dir, slot).map_err(|source| EgressError::Io {
+                op: "leasing a network slot",
+                source,
+            })?
         else {
             continue;
         };

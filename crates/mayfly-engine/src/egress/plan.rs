@@ -110,10 +110,12 @@ fn meta(key: MetaKey) -> Expression<'static> {
 }
 
 fn field(protocol: &'static str, f: &'static str) -> Expression<'static> {
-    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
-        protocol: protocol.into(),
-        field: f.into(),
-    })))
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: protocol.into(),
+            field: f.into(),
+        },
+    )))
 }
 
 fn ct(key: &'static str) -> Expression<'static> {
@@ -174,7 +176,13 @@ pub fn ruleset(names: &Names, ports: Ports) -> Nftables<'static> {
     let iif = || m(meta(MetaKey::Iifname), Operator::EQ, s(&glob));
     let oif = || m(meta(MetaKey::Oifname), Operator::EQ, s(&glob));
     let proto = |p: &str| m(meta(MetaKey::L4proto), Operator::EQ, s(p));
-    let dport = |p: &'static str, n: u16| m(field(p, "dport"), Operator::EQ, Expression::Number(n as u32));
+    let dport = |p: &'static str, n: u16| {
+        m(
+            field(p, "dport"),
+            Operator::EQ,
+            Expression::Number(n as u32),
+        )
+    };
     let dnat = || m(ct("status"), Operator::IN, s("dnat"));
     let drop = || Statement::Drop(None);
     let accept = || Statement::Accept(None);
@@ -183,20 +191,56 @@ pub fn ruleset(names: &Names, ports: Ports) -> Nftables<'static> {
         add(NfListObject::Table(tbl())),
         NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(tbl()))),
         add(NfListObject::Table(tbl())),
-        add(NfListObject::Chain(chain("prerouting", NfChainType::NAT, NfHook::Prerouting, -100))),
-        add(NfListObject::Chain(chain("input", NfChainType::Filter, NfHook::Input, 0))),
-        add(NfListObject::Chain(chain("forward", NfChainType::Filter, NfHook::Forward, 0))),
-        add(NfListObject::Chain(chain("output", NfChainType::Filter, NfHook::Output, 0))),
-        add(NfListObject::Rule(rule("prerouting", vec![iif(), dport("udp", 53), redirect(ports.dns)]))),
-        add(NfListObject::Rule(rule("prerouting", vec![iif(), proto("tcp"), redirect(ports.proxy)]))),
-        add(NfListObject::Rule(rule("input", vec![iif(), dport("udp", ports.dns), dnat(), accept()]))),
-        add(NfListObject::Rule(rule("input", vec![iif(), dport("tcp", ports.proxy), dnat(), accept()]))),
+        add(NfListObject::Chain(chain(
+            "prerouting",
+            NfChainType::NAT,
+            NfHook::Prerouting,
+            -100,
+        ))),
+        add(NfListObject::Chain(chain(
+            "input",
+            NfChainType::Filter,
+            NfHook::Input,
+            0,
+        ))),
+        add(NfListObject::Chain(chain(
+            "forward",
+            NfChainType::Filter,
+            NfHook::Forward,
+            0,
+        ))),
+        add(NfListObject::Chain(chain(
+            "output",
+            NfChainType::Filter,
+            NfHook::Output,
+            0,
+        ))),
+        add(NfListObject::Rule(rule(
+            "prerouting",
+            vec![iif(), dport("udp", 53), redirect(ports.dns)],
+        ))),
+        add(NfListObject::Rule(rule(
+            "prerouting",
+            vec![iif(), proto("tcp"), redirect(ports.proxy)],
+        ))),
+        add(NfListObject::Rule(rule(
+            "input",
+            vec![iif(), dport("udp", ports.dns), dnat(), accept()],
+        ))),
+        add(NfListObject::Rule(rule(
+            "input",
+            vec![iif(), dport("tcp", ports.proxy), dnat(), accept()],
+        ))),
         add(NfListObject::Rule(rule("input", vec![iif(), drop()]))),
         add(NfListObject::Rule(rule("forward", vec![iif(), drop()]))),
         add(NfListObject::Rule(rule("forward", vec![oif(), drop()]))),
         add(NfListObject::Rule(rule(
             "output",
-            vec![oif(), m(ct("state"), Operator::IN, s("established")), accept()],
+            vec![
+                oif(),
+                m(ct("state"), Operator::IN, s("established")),
+                accept(),
+            ],
         ))),
         add(NfListObject::Rule(rule("output", vec![oif(), drop()]))),
     ];

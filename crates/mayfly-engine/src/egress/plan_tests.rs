@@ -31,14 +31,24 @@ fn slots_get_disjoint_slash30s_and_prefixed_names() {
 #[test]
 fn the_tag_is_stable_per_state_directory() {
     let a = Names::for_state_dir(std::path::Path::new("/var/lib/mayfly"));
-    assert_eq!(a, Names::for_state_dir(std::path::Path::new("/var/lib/mayfly")));
+    assert_eq!(
+        a,
+        Names::for_state_dir(std::path::Path::new("/var/lib/mayfly"))
+    );
     assert_ne!(a, Names::for_state_dir(std::path::Path::new("/tmp/other")));
     assert_eq!(a.tag.len(), 4);
 }
 
 #[test]
 fn the_ruleset_redirects_dns_and_tcp_and_drops_the_rest() {
-    let doc = serde_json::to_value(ruleset(&names(), Ports { proxy: 4000, dns: 5000 })).unwrap();
+    let doc = serde_json::to_value(ruleset(
+        &names(),
+        Ports {
+            proxy: 4000,
+            dns: 5000,
+        },
+    ))
+    .unwrap();
     let t = |name: &str| json!({"family": "inet", "table": "mayfly-ab12", "name": name});
     let chain = |name: &str, kind: &str, hook: &str, prio: i32| {
         let mut c = t(name);
@@ -48,13 +58,13 @@ fn the_ruleset_redirects_dns_and_tcp_and_drops_the_rest() {
         c["policy"] = json!("accept");
         json!({"add": {"chain": c}})
     };
-    let iif = json!({"match": {"left": {"meta": {"key": "iifname"}}, "right": "mf-ab12-*", "op": "=="}});
-    let oif = json!({"match": {"left": {"meta": {"key": "oifname"}}, "right": "mf-ab12-*", "op": "=="}});
+    let iif =
+        json!({"match": {"left": {"meta": {"key": "iifname"}}, "right": "mf-ab12-*", "op": "=="}});
+    let oif =
+        json!({"match": {"left": {"meta": {"key": "oifname"}}, "right": "mf-ab12-*", "op": "=="}});
     let dport = |p: &str, n: u16| json!({"match": {"left": {"payload": {"protocol": p, "field": "dport"}}, "right": n, "op": "=="}});
     let dnat = json!({"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}});
-    let rule = |chain: &str, expr: serde_json::Value| {
-        json!({"add": {"rule": {"family": "inet", "table": "mayfly-ab12", "chain": chain, "expr": expr}}})
-    };
+    let rule = |chain: &str, expr: serde_json::Value| json!({"add": {"rule": {"family": "inet", "table": "mayfly-ab12", "chain": chain, "expr": expr}}});
     let table = json!({"table": {"family": "inet", "name": "mayfly-ab12"}});
     let expected = json!({"nftables": [
         {"add": table},
@@ -81,5 +91,8 @@ fn the_ruleset_redirects_dns_and_tcp_and_drops_the_rest() {
 fn teardown_removes_only_this_daemons_table() {
     let doc = serde_json::to_value(teardown(&names())).unwrap();
     let table = json!({"table": {"family": "inet", "name": "mayfly-ab12"}});
-    assert_eq!(doc, json!({"nftables": [{"add": table}, {"delete": table}]}));
+    assert_eq!(
+        doc,
+        json!({"nftables": [{"add": table}, {"delete": table}]})
+    );
 }

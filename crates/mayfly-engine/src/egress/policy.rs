@@ -107,10 +107,16 @@ pub fn may_resolve(p: &EgressPolicy, name: &str) -> bool {
         EgressMode::None => false,
         // A deny entry with ports still lets the name resolve: other ports
         // of it may be allowed.
-        EgressMode::Open => !p.deny.iter().any(|e| e.matches_name(name) && e.ports() == mayfly_types::PortRange::ALL),
+        EgressMode::Open => !p
+            .deny
+            .iter()
+            .any(|e| e.matches_name(name) && e.ports() == mayfly_types::PortRange::ALL),
         EgressMode::Allow => {
             p.allow.iter().any(|e| e.matches_name(name))
-                && !p.deny.iter().any(|e| e.matches_name(name) && e.ports() == mayfly_types::PortRange::ALL)
+                && !p
+                    .deny
+                    .iter()
+                    .any(|e| e.matches_name(name) && e.ports() == mayfly_types::PortRange::ALL)
         }
     }
 }
@@ -130,11 +136,20 @@ pub fn name_fits(p: &EgressPolicy, name: &str, port: u16) -> bool {
 
 /// The verdict on a connection to `ip:port`, for a sandbox whose resolver
 /// handed `ip` out for `names` (empty when it never did).
-pub fn decide(p: &EgressPolicy, ip: IpAddr, port: u16, names: &[String], host: &[IpAddr]) -> Verdict {
+pub fn decide(
+    p: &EgressPolicy,
+    ip: IpAddr,
+    port: u16,
+    names: &[String],
+    host: &[IpAddr],
+) -> Verdict {
     if always_blocked(ip, port, host) {
         return Verdict::Refuse(Refusal::AlwaysBlocked);
     }
-    let cidr = |list: &[EgressEntry]| list.iter().any(|e| e.covers(ip) && e.ports().contains(port));
+    let cidr = |list: &[EgressEntry]| {
+        list.iter()
+            .any(|e| e.covers(ip) && e.ports().contains(port))
+    };
     if cidr(&p.deny) {
         return Verdict::Refuse(Refusal::Denied);
     }

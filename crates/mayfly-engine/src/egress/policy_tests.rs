@@ -50,21 +50,50 @@ fn the_always_blocked_set_beats_any_policy() {
 
 #[test]
 fn allow_mode_admits_cidrs_and_resolved_names_only() {
-    let p = policy(EgressMode::Allow, &["192.0.2.0/24:8000-8099", "api.example.com", "*.pkg.dev:443"], &[]);
-    assert_eq!(decide(&p, ip("192.0.2.7"), 8000, &[], &HOST), Verdict::Allow);
-    assert_eq!(decide(&p, ip("192.0.2.7"), 8100, &[], &HOST), Verdict::Refuse(Refusal::NotAllowed));
-    assert_eq!(decide(&p, ip("198.51.100.1"), 80, &[], &HOST), Verdict::Refuse(Refusal::NotAllowed));
+    let p = policy(
+        EgressMode::Allow,
+        &["192.0.2.0/24:8000-8099", "api.example.com", "*.pkg.dev:443"],
+        &[],
+    );
+    assert_eq!(
+        decide(&p, ip("192.0.2.7"), 8000, &[], &HOST),
+        Verdict::Allow
+    );
+    assert_eq!(
+        decide(&p, ip("192.0.2.7"), 8100, &[], &HOST),
+        Verdict::Refuse(Refusal::NotAllowed)
+    );
+    assert_eq!(
+        decide(&p, ip("198.51.100.1"), 80, &[], &HOST),
+        Verdict::Refuse(Refusal::NotAllowed)
+    );
     let api = names(&["api.example.com"]);
-    assert_eq!(decide(&p, ip("198.51.100.1"), 5432, &api, &HOST), Verdict::Allow);
-    assert_eq!(decide(&p, ip("198.51.100.1"), 443, &api, &HOST), Verdict::CheckName);
+    assert_eq!(
+        decide(&p, ip("198.51.100.1"), 5432, &api, &HOST),
+        Verdict::Allow
+    );
+    assert_eq!(
+        decide(&p, ip("198.51.100.1"), 443, &api, &HOST),
+        Verdict::CheckName
+    );
     let pkg = names(&["eu.pkg.dev"]);
-    assert_eq!(decide(&p, ip("198.51.100.2"), 443, &pkg, &HOST), Verdict::CheckName);
-    assert_eq!(decide(&p, ip("198.51.100.2"), 80, &pkg, &HOST), Verdict::Refuse(Refusal::NotAllowed));
+    assert_eq!(
+        decide(&p, ip("198.51.100.2"), 443, &pkg, &HOST),
+        Verdict::CheckName
+    );
+    assert_eq!(
+        decide(&p, ip("198.51.100.2"), 80, &pkg, &HOST),
+        Verdict::Refuse(Refusal::NotAllowed)
+    );
 }
 
 #[test]
 fn presented_names_must_be_allowed_for_the_port() {
-    let p = policy(EgressMode::Allow, &["api.example.com", "*.pkg.dev:443"], &["secret.pkg.dev"]);
+    let p = policy(
+        EgressMode::Allow,
+        &["api.example.com", "*.pkg.dev:443"],
+        &["secret.pkg.dev"],
+    );
     assert!(name_fits(&p, "api.example.com", 443));
     assert!(name_fits(&p, "API.example.com.", 80));
     assert!(!name_fits(&p, "evil.example.com", 443));
@@ -75,27 +104,50 @@ fn presented_names_must_be_allowed_for_the_port() {
 
 #[test]
 fn deny_entries_win_over_allow_and_open() {
-    let p = policy(EgressMode::Open, &[], &["192.0.2.0/24", "blocked.example.com"]);
-    assert_eq!(decide(&p, ip("192.0.2.9"), 443, &[], &HOST), Verdict::Refuse(Refusal::Denied));
-    assert_eq!(decide(&p, ip("198.51.100.9"), 443, &[], &HOST), Verdict::Allow);
+    let p = policy(
+        EgressMode::Open,
+        &[],
+        &["192.0.2.0/24", "blocked.example.com"],
+    );
+    assert_eq!(
+        decide(&p, ip("192.0.2.9"), 443, &[], &HOST),
+        Verdict::Refuse(Refusal::Denied)
+    );
+    assert_eq!(
+        decide(&p, ip("198.51.100.9"), 443, &[], &HOST),
+        Verdict::Allow
+    );
     let blocked = names(&["blocked.example.com"]);
-    assert_eq!(decide(&p, ip("198.51.100.9"), 443, &blocked, &HOST), Verdict::Refuse(Refusal::Denied));
+    assert_eq!(
+        decide(&p, ip("198.51.100.9"), 443, &blocked, &HOST),
+        Verdict::Refuse(Refusal::Denied)
+    );
     assert!(!may_resolve(&p, "blocked.example.com"));
     assert!(may_resolve(&p, "anything.example.org"));
 }
 
 #[test]
 fn the_resolver_answers_allowed_names_only() {
-    let p = policy(EgressMode::Allow, &["api.example.com:443", "*.pkg.dev"], &[]);
+    let p = policy(
+        EgressMode::Allow,
+        &["api.example.com:443", "*.pkg.dev"],
+        &[],
+    );
     assert!(may_resolve(&p, "api.example.com"));
     assert!(may_resolve(&p, "x.pkg.dev"));
     assert!(!may_resolve(&p, "pkg.dev"));
     assert!(!may_resolve(&p, "example.com"));
-    assert!(!may_resolve(&policy(EgressMode::None, &["api.example.com"], &[]), "api.example.com"));
+    assert!(!may_resolve(
+        &policy(EgressMode::None, &["api.example.com"], &[]),
+        "api.example.com"
+    ));
 }
 
 #[test]
 fn mode_none_refuses_everything() {
     let p = policy(EgressMode::None, &["0.0.0.0/0"], &[]);
-    assert_eq!(decide(&p, ip("192.0.2.1"), 443, &[], &HOST), Verdict::Refuse(Refusal::NotAllowed));
+    assert_eq!(
+        decide(&p, ip("192.0.2.1"), 443, &[], &HOST),
+        Verdict::Refuse(Refusal::NotAllowed)
+    );
 }

@@ -47,7 +47,11 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
-async fn handle(shared: &Shared, sandbox: &Arc<Attached>, mut client: TcpStream) -> Result<(), Refusal> {
+async fn handle(
+    shared: &Shared,
+    sandbox: &Arc<Attached>,
+    mut client: TcpStream,
+) -> Result<(), Refusal> {
     let Ok(dst) = mayfly_sys::veth::original_dst(client.as_fd()) else {
         reset(client);
         return Err(Refusal::AlwaysBlocked);
@@ -93,7 +97,10 @@ async fn read_name(client: &mut TcpStream, port: u16, head: &mut Vec<u8>) -> Opt
     let deadline = tokio::time::Instant::now() + PEEK_TIMEOUT;
     let mut buf = [0u8; 4096];
     while head.len() < PEEK_MAX {
-        let n = tokio::time::timeout_at(deadline, client.read(&mut buf)).await.ok()?.ok()?;
+        let n = tokio::time::timeout_at(deadline, client.read(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
         if n == 0 {
             return None;
         }

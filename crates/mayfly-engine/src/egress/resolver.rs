@@ -49,7 +49,11 @@ pub async fn serve(shared: Arc<Shared>, sock: UdpSocket) {
 }
 
 async fn answer(shared: &Shared, sandbox: &super::Attached, query: Message) -> Message {
-    let mut reply = Message::new(query.metadata.id, MessageType::Response, query.metadata.op_code);
+    let mut reply = Message::new(
+        query.metadata.id,
+        MessageType::Response,
+        query.metadata.op_code,
+    );
     reply.metadata.recursion_desired = query.metadata.recursion_desired;
     reply.metadata.recursion_available = true;
     let Some(q) = query.queries.first().cloned() else {
@@ -57,7 +61,11 @@ async fn answer(shared: &Shared, sandbox: &super::Attached, query: Message) -> M
         return reply;
     };
     reply.queries.push(q.clone());
-    let name = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
+    let name = q
+        .name()
+        .to_ascii()
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
     if !may_resolve(&sandbox.policy(), &name) {
         tracing::info!(sandbox = %sandbox.id, %name, "resolver: name not allowed");
         reply.metadata.response_code = ResponseCode::NXDomain;
@@ -71,7 +79,11 @@ async fn answer(shared: &Shared, sandbox: &super::Attached, query: Message) -> M
     if q.query_type() == RecordType::A {
         for a in addrs {
             sandbox.remember(IpAddr::V4(a), &name);
-            reply.answers.push(Record::from_rdata(q.name().clone(), ANSWER_TTL, RData::A(A(a))));
+            reply.answers.push(Record::from_rdata(
+                q.name().clone(),
+                ANSWER_TTL,
+                RData::A(A(a)),
+            ));
         }
     }
     reply

@@ -49,7 +49,10 @@ impl Drop for ConnSlot {
 
 impl Attached {
     pub fn policy(&self) -> Arc<EgressPolicy> {
-        self.policy.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Replaces the policy; connections opened from now on follow it.
@@ -167,7 +170,10 @@ impl Shared {
     pub fn host_addrs(&self) -> Arc<Vec<IpAddr>> {
         let mut g = lock(&self.host_addrs);
         if g.0.is_none_or(|at| at.elapsed() > HOST_ADDRS_TTL) {
-            *g = (Some(Instant::now()), Arc::new(mayfly_sys::veth::host_addresses()));
+            *g = (
+                Some(Instant::now()),
+                Arc::new(mayfly_sys::veth::host_addresses()),
+            );
         }
         g.1.clone()
     }

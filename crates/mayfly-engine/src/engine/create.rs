@@ -448,7 +448,10 @@ impl Engine {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
         if planned && net.is_some() {
-            return Err(internal("joining the network", &"a stub planned at start cannot join a prepared namespace"));
+            return Err(internal(
+                "joining the network",
+                &"a stub planned at start cannot join a prepared namespace",
+            ));
         }
         let spawned = if planned {
             // The stub made all of this from the same plan, and its cgroups

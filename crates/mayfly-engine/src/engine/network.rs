@@ -79,7 +79,9 @@ impl Engine {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
                 .unwrap_or_else(|| "this engine runs without a daemon".into());
-            EngineError::Unavailable(format!("egress policies other than `none` need the daemon's egress service: {why}"))
+            EngineError::Unavailable(format!(
+                "egress policies other than `none` need the daemon's egress service: {why}"
+            ))
         })
     }
 
