@@ -74,6 +74,8 @@ pub enum Command {
     Rm(RmArgs),
     /// Show one sandbox.
     Inspect(IdArgs),
+    /// Show a sandbox's egress policy, or replace it live with the flags.
+    Egress(EgressCmdArgs),
     /// Show lifecycle events.
     Events(EventsArgs),
     /// Show a sandbox's exec audit trail.
@@ -221,6 +223,36 @@ pub struct SpecArgs {
     /// Labels (KEY=VALUE).
     #[arg(long = "label", short = 'l', value_parser = parse_kv)]
     pub labels: Vec<(String, String)>,
+    #[command(flatten)]
+    pub egress: EgressArgs,
+}
+
+impl SpecArgs {
+    /// The spec a plain `mayfly run` asks for, which parked sandboxes are
+    /// made with (its TTL is applied when a run claims one).
+    pub fn parked_request() -> CreateRequest {
+        CreateRequest {
+            template: Some(TemplateRef::Host),
+            ..CreateRequest::default()
+        }
+    }
+
+    pub fn request(&self) -> anyhow::Result<CreateRequest> {
+        Ok(CreateRequest {
+            template: Some(self.template.clone()),
+            ttl_secs: self.ttl.map(|d| d.as_secs().max(1)),
+            idle_timeout_secs: self.idle_timeout.map(|d| d.as_secs()),
+            limits: self.limits.limits(self.tmp)?,
+            env: self.env.iter().cloned().collect(),
+            labels: self.labels.iter().cloned().collect(),
+            egress: self.egress.policy()?,
+        })
+    }
+}
+
+/// What a sandbox may reach outside itself.
+#[derive(Debug, Args, Clone, Default)]
+pub struct EgressArgs {
     /// Egress mode: none (loopback only), allow (the --allow list) or open.
     #[arg(long, value_parser = ["none", "allow", "open"])]
     pub egress: Option<String>,
@@ -238,9 +270,9 @@ pub struct SpecArgs {
     pub bandwidth: Option<u64>,
 }
 
-impl SpecArgs {
+impl EgressArgs {
     /// The egress policy the flags ask for; none when no flag names one.
-    fn egress_policy(&self) -> anyhow::Result<Option<mayfly_types::EgressPolicy>> {
+    pub fn policy(&self) -> anyhow::Result<Option<mayfly_types::EgressPolicy>> {
         let parse = |list: &[String]| -> anyhow::Result<Vec<mayfly_types::EgressEntry>> {
             list.iter()
                 .map(|s| s.parse().map_err(anyhow::Error::from))
@@ -260,27 +292,13 @@ impl SpecArgs {
             bandwidth_bytes_per_sec: self.bandwidth,
         }))
     }
+}
 
-    /// The spec a plain `mayfly run` asks for, which parked sandboxes are
-    /// made with (its TTL is applied when a run claims one).
-    pub fn parked_request() -> CreateRequest {
-        CreateRequest {
-            template: Some(TemplateRef::Host),
-            ..CreateRequest::default()
-        }
-    }
-
-    pub fn request(&self) -> anyhow::Result<CreateRequest> {
-        Ok(CreateRequest {
-            template: Some(self.template.clone()),
-            ttl_secs: self.ttl.map(|d| d.as_secs().max(1)),
-            idle_timeout_secs: self.idle_timeout.map(|d| d.as_secs()),
-            limits: self.limits.limits(self.tmp)?,
-            env: self.env.iter().cloned().collect(),
-            labels: self.labels.iter().cloned().collect(),
-            egress: self.egress_policy()?,
-        })
-    }
+#[derive(Debug, Args)]
+pub struct EgressCmdArgs {
+    pub id: String,
+    #[command(flatten)]
+    pub egress: EgressArgs,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -129,9 +129,11 @@ pub fn parse_pool_flag(s: &str) -> Result<(String, PoolSpec), String> {
             Some(("template", v)) => spec.template = Some(v.to_owned()),
             Some(("network", "true" | "on")) => spec.network = Some(true),
             Some(("network", "false" | "off")) => spec.network = Some(false),
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "`{s}`: unknown setting `{kv}`; use max=N, concurrency=N, template=T or network=on"
-            )),
+            ))
+            }
         }
     }
     Ok((name.to_owned(), spec))
