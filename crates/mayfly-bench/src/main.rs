@@ -11,6 +11,7 @@ mod daemon;
 mod density;
 mod gateway;
 mod host;
+mod net;
 mod pool;
 mod report;
 mod spawn;
@@ -58,6 +59,10 @@ enum Measure {
     /// The gateway: requests per second through a preview URL against a
     /// direct connection to the same server, and the latency it adds (wrk).
     Gateway,
+    /// Egress: cold create with policy `allow` against `none`, pool claims
+    /// with network against without, veth namespace setup cost, and TCP
+    /// throughput through the egress proxy against direct. Not part of `all`.
+    Net,
 }
 
 #[derive(Debug, Args)]
@@ -128,8 +133,8 @@ struct Opts {
     /// Rounds (direct and through the gateway, alternating) of the gateway measure.
     #[arg(long, global = true, default_value_t = 3)]
     gateway_rounds: usize,
-    /// Put the gateway section into this markdown file (replacing its
-    /// previous one), e.g. docs/BENCHMARKS.md.
+    /// `gateway` and `net`: put the measure's section into this markdown
+    /// file (replacing its previous one), e.g. docs/BENCHMARKS.md.
     #[arg(long, global = true)]
     section: Option<PathBuf>,
 }
@@ -172,6 +177,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         .join(" ");
     if cli.measure == Measure::Gateway {
         return gateway_measure(o, &mayfly, &command).await;
+    }
+    if cli.measure == Measure::Net {
+        return net_measures(o, &mayfly, &command).await;
     }
     let mut report = Report::new(host::machine(), versions(&mayfly), command);
     let mut ok = true;
@@ -392,4 +400,70 @@ fn shell_quote(s: &str) -> String {
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
     }
+}
+
+/// `net`: its own daemon (with a DNS table naming the bench's sink), its
+/// own section of the report.
+async fn net_measures(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Result<bool> {
+    let scratch = Scratch::new("net")?;
+    let hosts = scratch.path.join("hosts");
+    std::fs::write(&hosts, "10.78.0.2 sink.test\n")?;
+    let hosts_arg = hosts.display().to_string();
+    let _outside = net::Outside::start()?;
+    let mut d = Daemon::start_with(
+        mayfly,
+        &scratch.path,
+        4096,
+        None,
+        &["--gateway", "off", "--dns-hosts", &hosts_arg],
+    )
+    .await?;
+    let mut r = net::NetReport::default();
+    let mut ledger = Ledger::default();
+    let (n, w) = (o.iterations, o.warmup);
+    let mut ok = true;
+    eprintln!("mayfly-bench: cold create, allow against none, {n} iterations");
+    if let Err(e) = net::cold(&d, n, w, &mut ledger, &mut r).await {
+        r.notes
+            .push(format!("The cold create measure failed: {e:#}"));
+        ok = false;
+    }
+    eprintln!("mayfly-bench: pool claims with and without network, {n} iterations");
+    if let Err(e) = net::claims(&d, n, w, &mut ledger, &mut r).await {
+        r.notes.push(format!("The claim measure failed: {e:#}"));
+        ok = false;
+    }
+    eprintln!("mayfly-bench: throughput, direct and through the proxy");
+    if let Err(e) = net::throughput(&d, &mut ledger, &mut r).await {
+        r.notes
+            .push(format!("The throughput measure failed: {e:#}"));
+        ok = false;
+    }
+    if let Err(e) = d.stop(Duration::from_secs(60)).await {
+        r.notes.push(format!("Stopping the daemon: {e:#}"));
+        ok = false;
+    }
+    eprintln!(
+        "mayfly-bench: veth namespace setup cost, {} iterations",
+        n.min(50)
+    );
+    if let Err(e) = net::setup_costs(n.min(50), &mut r) {
+        r.notes
+            .push(format!("The setup-cost measure failed: {e:#}"));
+        ok = false;
+    }
+    let machine = host::machine();
+    let when = machine.get("date").cloned().unwrap_or_default();
+    let desc = format!(
+        "Linux {}, {} vCPUs",
+        machine.get("kernel").cloned().unwrap_or_default(),
+        machine.get("nproc").cloned().unwrap_or_default()
+    );
+    let commit = versions(mayfly).get("mayfly").cloned().unwrap_or_default();
+    let md = net::markdown(&r, &when, &desc, command, &commit);
+    println!("{md}");
+    if let Some(f) = &o.section {
+        net::write_section(f, &md)?;
+    }
+    Ok(ok)
 }

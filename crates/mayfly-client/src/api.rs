@@ -79,6 +79,26 @@ impl Client {
         .await
     }
 
+    /// `GET /v1/sandboxes/{id}/egress`: the live egress policy.
+    pub async fn egress(&self, id: &SandboxId) -> Result<mayfly_types::EgressPolicy, ClientError> {
+        self.json(Method::GET, &format!("{}/egress", sandbox(id)), Body::Empty)
+            .await
+    }
+
+    /// `PATCH /v1/sandboxes/{id}/egress`: replaces the policy, live.
+    pub async fn set_egress(
+        &self,
+        id: &SandboxId,
+        policy: &mayfly_types::EgressPolicy,
+    ) -> Result<mayfly_types::EgressPolicy, ClientError> {
+        self.json(
+            Method::PATCH,
+            &format!("{}/egress", sandbox(id)),
+            json_body(policy)?,
+        )
+        .await
+    }
+
     /// `DELETE /v1/sandboxes/{id}`: idempotent; returns the final record.
     pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, ClientError> {
         self.json(Method::DELETE, &sandbox(id), Body::Empty).await

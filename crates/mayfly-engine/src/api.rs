@@ -70,6 +70,21 @@ pub trait SandboxApi: Send + Sync + 'static {
         id: &SandboxId,
         ttl_secs: Option<u64>,
     ) -> Result<SandboxInfo, EngineError>;
+    /// The sandbox's live egress policy.
+    async fn egress_policy(
+        &self,
+        id: &SandboxId,
+    ) -> Result<mayfly_types::EgressPolicy, EngineError> {
+        Err(EngineError::NoSuchSandbox(id.clone()))
+    }
+    /// Replaces the sandbox's egress policy; it applies at once.
+    async fn set_egress_policy(
+        &self,
+        id: &SandboxId,
+        _policy: mayfly_types::EgressPolicy,
+    ) -> Result<mayfly_types::EgressPolicy, EngineError> {
+        Err(EngineError::NoSuchSandbox(id.clone()))
+    }
     /// Idempotent: destroying a destroyed sandbox returns its record.
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError>;
 

@@ -42,6 +42,12 @@ pub enum EngineError {
     Gateway(#[from] crate::gateway::GatewayError),
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// A service the request needs is not running on this daemon.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The sandbox's state does not allow the change.
+    #[error("{0}")]
+    Conflict(String),
     #[error("internal error: {0}")]
     Internal(String),
     #[error(transparent)]
@@ -56,7 +62,8 @@ impl EngineError {
             EngineError::NoSuchSandbox(_)
             | EngineError::NoSuchPool(_)
             | EngineError::NoSuchProcess { .. } => ErrorCode::NotFound,
-            EngineError::NotReady { .. } => ErrorCode::Conflict,
+            EngineError::NotReady { .. } | EngineError::Conflict(_) => ErrorCode::Conflict,
+            EngineError::Unavailable(_) => ErrorCode::Unavailable,
             EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,
             EngineError::Files(e) => e.code(),
             EngineError::Exhausted(_) | EngineError::Quota(_) => ErrorCode::ResourceExhausted,

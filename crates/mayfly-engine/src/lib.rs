@@ -6,6 +6,7 @@
 //! (`runtime::init`), which finishes setup inside the new namespaces.
 
 pub mod api;
+pub mod egress;
 mod engine;
 mod error;
 pub mod files;

@@ -148,7 +148,7 @@ pub fn ensure_host_skeleton(
     host_root: &Path,
     host: &[(&str, HostEntry)],
 ) -> Result<PathBuf, TemplateError> {
-    let dest = templates_dir.join("host-v1");
+    let dest = templates_dir.join("host-v2");
     if dest.join(".complete").exists() {
         return Ok(dest);
     }
@@ -157,7 +157,7 @@ pub fn ensure_host_skeleton(
         move |source| TemplateError::Skeleton { path, source }
     };
     std::fs::create_dir_all(templates_dir).map_err(err(templates_dir))?;
-    let tmp = templates_dir.join(format!(".host-v1.tmp.{}", std::process::id()));
+    let tmp = templates_dir.join(format!(".host-v2.tmp.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     build_skeleton(&tmp, host_root, host).map_err(err(&tmp))?;
     std::fs::write(tmp.join(".complete"), b"").map_err(err(&tmp))?;
@@ -221,7 +221,10 @@ fn build_skeleton(root: &Path, host_root: &Path, host: &[(&str, HostEntry)]) -> 
     std::fs::write(etc.join("group"), GROUP)?;
     std::fs::write(etc.join("hosts"), HOSTS)?;
     std::fs::write(etc.join("hostname"), "sandbox\n")?;
-    std::fs::write(etc.join("resolv.conf"), "")?;
+    // Every DNS query of a sandbox with egress lands on the daemon's
+    // resolver whatever server it names; this one is routed (see
+    // `egress::plan::RESOLVER_ADDR`), and unreachable without egress.
+    std::fs::write(etc.join("resolv.conf"), "nameserver 100.96.0.53\n")?;
     symlink("/proc/self/mounts", etc.join("mtab"))?;
     Ok(())
 }
@@ -267,12 +270,12 @@ mod tests {
             ("lib64", HostEntry::Dir),
             ("lib32", HostEntry::Missing),
         ];
-        let layers = plan_layers(&TemplateRef::Host, Path::new("/s/host-v1"), &host);
+        let layers = plan_layers(&TemplateRef::Host, Path::new("/s/host-v2"), &host);
         assert_eq!(
             layers,
             vec![
                 Layer {
-                    lowers: vec!["/s/host-v1".into()],
+                    lowers: vec!["/s/host-v2".into()],
                     target: "".into()
                 },
                 Layer {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use mayfly_engine::SandboxApi;
 
 mod auth;
+mod egress;
 mod error;
 mod events;
 mod exec;

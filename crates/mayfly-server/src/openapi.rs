@@ -32,6 +32,8 @@ use crate::{
         sandboxes::get_sandbox,
         sandboxes::destroy_sandbox,
         sandboxes::keepalive,
+        crate::egress::get_egress,
+        crate::egress::patch_egress,
         exec::exec,
         run::run,
         processes::start_process,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::{middleware, Json, Router};
 use http::Method;
 use mayfly_engine::SandboxApi;
@@ -77,6 +77,16 @@ fn table() -> Routes {
             Method::POST,
             "/v1/sandboxes/{id}/keepalive",
             post(keepalive),
+        )
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/egress",
+            get(crate::egress::get_egress),
+        )
+        .add(
+            Method::PATCH,
+            "/v1/sandboxes/{id}/egress",
+            patch(crate::egress::patch_egress),
         )
         .add(Method::POST, PROCESSES, post(start_process))
         .add(Method::GET, PROCESSES, get(list_processes))

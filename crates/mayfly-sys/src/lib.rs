@@ -12,10 +12,12 @@ pub mod ipc;
 pub mod mount;
 pub mod net;
 pub mod netns;
+pub mod nft;
 pub mod process;
 pub mod spare_ns;
 pub mod spawn;
 pub mod supervise;
+pub mod veth;
 
 use std::ffi::CString;
 use std::path::Path;

@@ -4,6 +4,7 @@
 //! so it can be used by the daemon, the client, the CLI and the tests alike.
 
 mod bytes;
+mod egress;
 mod error;
 mod event;
 mod exec;
@@ -17,6 +18,10 @@ mod tenant;
 mod usage;
 
 pub use bytes::Bytes64;
+pub use egress::{
+    masked, EgressEntry, EgressError, EgressMode, EgressPolicy, PortRange,
+    DEFAULT_EGRESS_CONNECTIONS, MAX_EGRESS_CONNECTIONS, MAX_EGRESS_ENTRIES,
+};
 pub use error::{ApiError, ErrorCode};
 pub use event::{Event, ExecAudit};
 pub use exec::{

@@ -22,6 +22,11 @@ pub struct PoolSpec {
     /// resolved limits to be served from this pool.
     #[serde(default)]
     pub limits: Limits,
+    /// Boot the pool's sandboxes with a network interface (egress blocked
+    /// until claimed); they then serve creates whose egress is `allow` or
+    /// `open`, and only those. False when absent for a new pool.
+    #[serde(default)]
+    pub network: Option<bool>,
 }
 
 /// What a pool is, and how full.
@@ -33,6 +38,10 @@ pub struct PoolInfo {
     pub max: u32,
     pub refill_concurrency: u32,
     pub limits: ResolvedLimits,
+    /// Whether the pool's sandboxes have a network interface (and serve
+    /// creates with egress `allow` or `open`).
+    #[serde(default)]
+    pub network: bool,
     /// Booted, unclaimed sandboxes, ready to be claimed now.
     pub ready: u32,
     /// Sandboxes being booted for the pool right now.

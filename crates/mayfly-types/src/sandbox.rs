@@ -106,6 +106,10 @@ pub struct CreateRequest {
     /// Free-form labels, returned as given.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// What the sandbox may reach outside itself; the template's policy
+    /// when absent, and `none` (loopback only) when it has none.
+    #[serde(default)]
+    pub egress: Option<crate::EgressPolicy>,
 }
 
 /// `POST /v1/sandboxes/{id}/keepalive`: resets the idle timer and, with

@@ -74,6 +74,8 @@ pub enum Command {
     Rm(RmArgs),
     /// Show one sandbox.
     Inspect(IdArgs),
+    /// Show a sandbox's egress policy, or replace it live with the flags.
+    Egress(EgressCmdArgs),
     /// Show lifecycle events.
     Events(EventsArgs),
     /// Show a sandbox's exec audit trail.
@@ -155,6 +157,17 @@ pub struct ServeArgs {
     pub max_sandboxes: u32,
     /// A warm pool, `NAME=TARGET[,max=N][,concurrency=N][,template=T]`;
     /// repeat for more. `host=0` turns the default pool off.
+    /// A static DNS table for sandboxes' resolver, `/etc/hosts` format
+    /// (`ADDRESS NAME…`), looked at before the host's resolver.
+    #[arg(long)]
+    pub dns_hosts: Option<PathBuf>,
+    /// The egress policy (a JSON file) of creates from TEMPLATE that name
+    /// none: `--template-egress host=/etc/mayfly/host-egress.json`.
+    #[arg(long = "template-egress", value_parser = parse_kv)]
+    pub template_egress: Vec<(String, String)>,
+    /// Network namespaces kept prepared for creates with egress.
+    #[arg(long, default_value_t = 4)]
+    pub egress_pool: usize,
     #[arg(long = "pool", value_parser = crate::cmd_pool::parse_pool_flag,
           default_value = "host=4")]
     pub pools: Vec<(String, mayfly_types::PoolSpec)>,
@@ -244,6 +257,8 @@ pub struct SpecArgs {
     /// Labels (KEY=VALUE).
     #[arg(long = "label", short = 'l', value_parser = parse_kv)]
     pub labels: Vec<(String, String)>,
+    #[command(flatten)]
+    pub egress: EgressArgs,
 }
 
 impl SpecArgs {
@@ -264,8 +279,60 @@ impl SpecArgs {
             limits: self.limits.limits(self.tmp)?,
             env: self.env.iter().cloned().collect(),
             labels: self.labels.iter().cloned().collect(),
+            egress: self.egress.policy()?,
         })
     }
+}
+
+/// What a sandbox may reach outside itself.
+#[derive(Debug, Args, Clone, Default)]
+pub struct EgressArgs {
+    /// Egress mode: none (loopback only), allow (the --allow list) or open.
+    #[arg(long, value_parser = ["none", "allow", "open"])]
+    pub egress: Option<String>,
+    /// An allowed destination: CIDR[:PORT[-PORT]] or [*.]NAME[:PORT[-PORT]].
+    #[arg(long = "allow")]
+    pub allow: Vec<String>,
+    /// A denied destination, in the same forms as --allow.
+    #[arg(long = "deny")]
+    pub deny: Vec<String>,
+    /// Concurrent outbound connections (default 256).
+    #[arg(long)]
+    pub max_connections: Option<u32>,
+    /// Bandwidth cap, bytes per second each way (e.g. 10m).
+    #[arg(long, value_parser = parse_size)]
+    pub bandwidth: Option<u64>,
+}
+
+impl EgressArgs {
+    /// The egress policy the flags ask for; none when no flag names one.
+    pub fn policy(&self) -> anyhow::Result<Option<mayfly_types::EgressPolicy>> {
+        let parse = |list: &[String]| -> anyhow::Result<Vec<mayfly_types::EgressEntry>> {
+            list.iter()
+                .map(|s| s.parse().map_err(anyhow::Error::from))
+                .collect()
+        };
+        let mode = match self.egress.as_deref() {
+            None if self.allow.is_empty() && self.deny.is_empty() => return Ok(None),
+            None | Some("allow") => mayfly_types::EgressMode::Allow,
+            Some("open") => mayfly_types::EgressMode::Open,
+            Some(_) => mayfly_types::EgressMode::None,
+        };
+        Ok(Some(mayfly_types::EgressPolicy {
+            mode,
+            allow: parse(&self.allow)?,
+            deny: parse(&self.deny)?,
+            max_connections: self.max_connections,
+            bandwidth_bytes_per_sec: self.bandwidth,
+        }))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct EgressCmdArgs {
+    pub id: String,
+    #[command(flatten)]
+    pub egress: EgressArgs,
 }
 
 #[derive(Debug, Args, Clone)]

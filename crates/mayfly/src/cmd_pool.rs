@@ -35,6 +35,10 @@ pub struct PoolSetArgs {
     /// Sandboxes booted at once while refilling.
     #[arg(long)]
     pub concurrency: Option<u32>,
+    /// Boot the pool's sandboxes with a network interface: they serve
+    /// creates with egress `allow` or `open` (and only those).
+    #[arg(long)]
+    pub network: Option<bool>,
     /// The limits of the pool's sandboxes.
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -59,6 +63,7 @@ pub async fn pool(cli: &Cli, cmd: &PoolCommand) -> anyhow::Result<i32> {
                 max: a.max,
                 refill_concurrency: a.concurrency,
                 limits: a.limits.limits(None)?,
+                network: a.network,
             };
             let info = c.set_pool(&a.name, &spec).await?;
             show(cli, &info)?;
@@ -105,7 +110,7 @@ fn pool_table(pools: &[PoolInfo]) {
 /// `--pool NAME=TARGET[,max=N][,concurrency=N][,template=T]` of `mayfly serve`.
 pub fn parse_pool_flag(s: &str) -> Result<(String, PoolSpec), String> {
     let (name, rest) = s.split_once('=').ok_or_else(|| {
-        format!("`{s}`: expected NAME=TARGET[,max=N][,concurrency=N][,template=T]")
+        format!("`{s}`: expected NAME=TARGET[,max=N][,concurrency=N][,template=T][,network=on]")
     })?;
     mayfly_engine::check_pool_name(name).map_err(|e| e.to_string())?;
     let mut parts = rest.split(',');
@@ -122,10 +127,12 @@ pub fn parse_pool_flag(s: &str) -> Result<(String, PoolSpec), String> {
             Some(("max", v)) => spec.max = Some(num("max", v)?),
             Some(("concurrency", v)) => spec.refill_concurrency = Some(num("concurrency", v)?),
             Some(("template", v)) => spec.template = Some(v.to_owned()),
+            Some(("network", "true" | "on")) => spec.network = Some(true),
+            Some(("network", "false" | "off")) => spec.network = Some(false),
             _ => {
                 return Err(format!(
-                    "`{s}`: unknown setting `{kv}`; use max=N, concurrency=N or template=T"
-                ))
+                "`{s}`: unknown setting `{kv}`; use max=N, concurrency=N, template=T or network=on"
+            ))
             }
         }
     }

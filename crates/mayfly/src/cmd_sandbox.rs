@@ -95,6 +95,18 @@ pub async fn inspect(cli: &Cli, a: &IdArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `mayfly egress ID`: the live policy; with flags, replaces it.
+pub async fn egress(cli: &Cli, a: &crate::cli::EgressCmdArgs) -> anyhow::Result<i32> {
+    let id = parse_id(&a.id)?;
+    let c = client(cli)?;
+    let policy = match a.egress.policy()? {
+        Some(p) => c.set_egress(&id, &p).await?,
+        None => c.egress(&id).await?,
+    };
+    output::json(&policy)?;
+    Ok(0)
+}
+
 pub async fn events(cli: &Cli, a: &EventsArgs) -> anyhow::Result<i32> {
     if a.follow {
         let mut stream = client(cli)?.event_stream(a.since).await?;

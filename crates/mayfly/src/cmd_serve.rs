@@ -17,9 +17,22 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         max_sandboxes: a.max_sandboxes,
         pools: a.pools.clone(),
         scratch_dir: a.scratch.clone(),
+        template_egress: template_egress(&a.template_egress)?,
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;
+    engine
+        .enable_egress(mayfly_engine::egress::EgressConfig {
+            names: mayfly_engine::egress::plan::Names::for_state_dir(&cli.state_dir),
+            lease_dir: "/run/mayfly/net-slots".into(),
+            pool_target: a.egress_pool,
+            static_hosts: match &a.dns_hosts {
+                Some(f) => read_hosts(f)?,
+                None => Default::default(),
+            },
+        })
+        .await;
+    // After egress: a configured pool with network needs it.
     engine.start_background();
     let token = match (&a.token_file, &cli.token) {
         (Some(f), _) => Some(
@@ -110,4 +123,50 @@ async fn bind_gateway(a: &ServeArgs) -> anyhow::Result<Option<tokio::net::TcpLis
             }
         },
     }
+}
+
+/// `--template-egress TEMPLATE=FILE`: each file holds one JSON policy.
+fn template_egress(
+    flags: &[(String, String)],
+) -> anyhow::Result<Vec<(mayfly_types::TemplateRef, mayfly_types::EgressPolicy)>> {
+    flags
+        .iter()
+        .map(|(t, f)| {
+            let template = t
+                .parse()
+                .with_context(|| format!("--template-egress {t}"))?;
+            let text = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
+            let policy: mayfly_types::EgressPolicy =
+                serde_json::from_str(&text).with_context(|| format!("the egress policy in {f}"))?;
+            policy
+                .validate()
+                .with_context(|| format!("the egress policy in {f}"))?;
+            Ok((template, policy))
+        })
+        .collect()
+}
+
+/// An `/etc/hosts`-format file: `ADDRESS NAME…` lines, `#` comments;
+/// IPv4 addresses only (sandboxes have no IPv6).
+fn read_hosts(
+    path: &std::path::Path,
+) -> anyhow::Result<std::collections::HashMap<String, Vec<std::net::Ipv4Addr>>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the DNS hosts file {}", path.display()))?;
+    let mut table: std::collections::HashMap<String, Vec<std::net::Ipv4Addr>> = Default::default();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        let Some(addr) = words.next() else { continue };
+        let Ok(addr) = addr.parse::<std::net::Ipv4Addr>() else {
+            continue;
+        };
+        for name in words {
+            table
+                .entry(name.trim_end_matches('.').to_ascii_lowercase())
+                .or_default()
+                .push(addr);
+        }
+    }
+    Ok(table)
 }

@@ -97,6 +97,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Ps(ref a) => cmd_sandbox::ps(&cli, a).await,
             Command::Rm(ref a) => cmd_sandbox::rm(&cli, a).await,
             Command::Inspect(ref a) => cmd_sandbox::inspect(&cli, a).await,
+            Command::Egress(ref a) => cmd_sandbox::egress(&cli, a).await,
             Command::Events(ref a) => cmd_sandbox::events(&cli, a).await,
             Command::Audit(ref a) => cmd_sandbox::audit(&cli, a).await,
             Command::Top(ref a) => cmd_top::top(&cli, a).await,

@@ -247,7 +247,9 @@ async fn another_instance_starting_leaves_live_sandboxes_alone() {
 
 #[tokio::test]
 async fn a_create_with_a_missing_template_is_refused_and_leaves_nothing() {
-    let d = Daemon::start().await;
+    // No warm pool: its boots (directories without a stub marker once
+    // recorded) would race the check below.
+    let d = Daemon::start_with(&["--pool", "host=0"]).await;
     let req = CreateRequest {
         template: Some(TemplateRef::Dir("/nonexistent-mayfly-template".into())),
         ..CreateRequest::default()

@@ -141,6 +141,21 @@ impl SandboxApi for Engine {
         Engine::keepalive(self, id, ttl_secs).await
     }
 
+    async fn egress_policy(
+        &self,
+        id: &SandboxId,
+    ) -> Result<mayfly_types::EgressPolicy, EngineError> {
+        Engine::egress_policy(self, id)
+    }
+
+    async fn set_egress_policy(
+        &self,
+        id: &SandboxId,
+        policy: mayfly_types::EgressPolicy,
+    ) -> Result<mayfly_types::EgressPolicy, EngineError> {
+        Engine::set_egress_policy(self, id, policy)
+    }
+
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {
         if self.lookup_any(id).is_some_and(|sb| sb.is_pooled()) {
             return Err(EngineError::NoSuchSandbox(id.clone()));

@@ -52,6 +52,8 @@ pub struct EngineConfig {
     /// trash instead of the state directory, e.g. on a tmpfs (see
     /// `Engine::new`). None: in the state directory.
     pub scratch_dir: Option<PathBuf>,
+    /// The egress policy of a create that names none, per template.
+    pub template_egress: Vec<(mayfly_types::TemplateRef, mayfly_types::EgressPolicy)>,
 }
 
 /// The host-wide directory of spare namespaces for daemonless runs.
@@ -78,6 +80,7 @@ impl Default for EngineConfig {
             park: None,
             pools: Vec::new(),
             scratch_dir: None,
+            template_egress: Vec::new(),
         }
     }
 }

@@ -168,6 +168,7 @@ impl Engine {
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         check_env(&req.env)?;
         check_labels(&req.labels)?;
+        let egress = self.egress_for(req.egress, &template)?;
         Ok(Boot {
             template,
             limits,
@@ -177,6 +178,7 @@ impl Engine {
             labels: req.labels,
             tenant: Some(caller.tenant.clone()),
             pool: None,
+            egress,
         })
     }
 
@@ -202,6 +204,7 @@ impl Engine {
             labels,
             tenant,
             pool,
+            egress,
         } = boot;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the
@@ -299,23 +302,34 @@ impl Engine {
         }
 
         let t_plan = t0.elapsed();
+        // A namespace prepared ahead, taken while the stub is in the making.
+        let net = match self.attach_net(&id, &egress).await {
+            Ok(n) => n,
+            Err(e) => {
+                self.discard_pending(pending.task).await;
+                return Err(self.record_failed(&id, e, caller));
+            }
+        };
         let ReadyStub { stub, spawned, .. } = match pending.task.await {
             Ok(s) => s,
             Err(e) => {
+                self.release_unused_net(net).await;
                 return Err(self.record_failed(&id, e, caller));
             }
         };
         let t_stub = t0.elapsed();
         // The record now names these cgroups; the stub marker is redundant.
         self.forget_stub(&id);
+        let ns = net.as_ref().map(|(p, _)| p.ns.as_fd());
         let (pid, pidfd, conn) = match self
-            .bring_up(&id, &stub, spawned, &cgroup, &spawn, &limits, &lease)
+            .bring_up(&id, &stub, spawned, &cgroup, &spawn, &limits, &lease, ns)
             .await
         {
             Ok(x) => x,
             Err(e) => {
                 stub.kill();
                 self.cleanup_failed(&id, &cgroup, &dir).await;
+                self.release_unused_net(net).await;
                 self.refill_stubs();
                 return Err(self.record_failed(&id, e, caller));
             }
@@ -336,6 +350,10 @@ impl Engine {
         ));
         sb.idle_ms
             .store(idle_secs * 1000, std::sync::atomic::Ordering::Relaxed);
+        if let Some((prepared, attached)) = net {
+            let _ = sb.egress.set(attached);
+            *sb.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(prepared);
+        }
         inner
             .sandboxes
             .write()
@@ -424,10 +442,17 @@ impl Engine {
         plan: &SpawnPlan,
         limits: &mayfly_types::ResolvedLimits,
         lease: &std::fs::File,
+        net: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<(i32, AsyncFd<std::os::fd::OwnedFd>, Arc<InitConn>), EngineError> {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("{what} for sandbox {id}: {e}"))
         };
+        if planned && net.is_some() {
+            return Err(internal(
+                "joining the network",
+                &"a stub planned at start cannot join a prepared namespace",
+            ));
+        }
         let spawned = if planned {
             // The stub made all of this from the same plan, and its cgroups
             // with the create's limits, and cloned init on its own.
@@ -444,7 +469,7 @@ impl Engine {
                 mayfly_sys::cgroup::apply(cgroup)
                     .map_err(|e| internal("setting cgroup limits", &e))?;
             }
-            stub.spawn(plan, lease.as_fd()).await
+            stub.spawn(plan, lease.as_fd(), net).await
         }
         .map_err(|e| internal("spawning init", &e))?;
         let pidfd = mayfly_sys::ipc::register_async(spawned.pidfd)

@@ -70,6 +70,7 @@ impl Engine {
         // Kills by the OOM killer not recorded yet (a background process's)
         // are read before the cgroup goes.
         self.record_oom_kills(&sb);
+        self.release_net(&sb).await;
         let trash = self.inner.cfg.trash_dir();
         let (dir, cgroup, id) = (sb.dir.clone(), sb.cgroup.clone(), sb.id.clone());
         let t_exit = t0.elapsed();

@@ -9,6 +9,8 @@ mod early;
 mod exec;
 mod gateway;
 mod leases;
+mod network;
+pub(crate) use leases::try_lease;
 mod oom;
 mod owner;
 mod pool;
@@ -78,6 +80,10 @@ struct Inner {
     gateway: gateway::GatewayState,
     /// The state directory's daemon lock, held by a daemon for its lifetime.
     _lock: Option<std::fs::File>,
+    /// The egress service, once started (daemons only).
+    egress: std::sync::OnceLock<crate::egress::Egress>,
+    /// Why the egress service could not start, for creates that need it.
+    egress_unavailable: std::sync::Mutex<Option<String>>,
 }
 
 impl Inner {
@@ -193,6 +199,8 @@ impl Engine {
             quotas,
             gateway: Default::default(),
             _lock: lock,
+            egress: std::sync::OnceLock::new(),
+            egress_unavailable: std::sync::Mutex::new(None),
         };
         inner.recovery = recovery::reconcile(&inner);
         Ok(Engine {
@@ -364,6 +372,8 @@ impl Engine {
             let _ = t.await;
         }
         self.wait_cleanup().await;
+        let e = self.clone();
+        let _ = tokio::task::spawn_blocking(move || e.stop_egress()).await;
     }
 
     fn live(&self) -> Vec<Arc<Sandbox>> {

@@ -52,6 +52,8 @@ struct ClaimRecord {
 pub(crate) struct Pool {
     pub template: TemplateRef,
     pub limits: ResolvedLimits,
+    /// Sandboxes booted with a network interface, for creates with egress.
+    pub network: bool,
     pub target: u32,
     pub max: u32,
     pub refill_concurrency: u32,
@@ -127,7 +129,13 @@ impl Engine {
                 let mut pools = self.lock_pools();
                 let mut fits = pools
                     .iter_mut()
-                    .filter(|(_, p)| p.template == boot.template && p.limits == boot.limits)
+                    .filter(|(_, p)| {
+                        // A create with egress takes a sandbox that has an
+                        // interface; one without, a sandbox that has none.
+                        p.network == (boot.egress.mode != mayfly_types::EgressMode::None)
+                            && p.template == boot.template
+                            && p.limits == boot.limits
+                    })
                     .peekable();
                 if fits.peek().is_none() {
                     return Ok(None);
@@ -178,6 +186,11 @@ impl Engine {
             let expires_at = claimed_at + boot.ttl_secs * 1000;
             sb.expires_at.store(expires_at, Ordering::Relaxed);
             sb.idle_ms.store(boot.idle_secs * 1000, Ordering::Relaxed);
+            // Its egress was closed while it waited; the create's policy
+            // applies from now on (an in-memory swap).
+            if let Some(e) = sb.egress.get() {
+                e.set_policy(boot.egress.clone());
+            }
             sb.touch();
             admission.commit(&id);
             sb.pooled.store(false, Ordering::SeqCst);
@@ -273,6 +286,9 @@ impl Engine {
             let mut pools = self.lock_pools();
             if let Some(p) = pools.get_mut(pool) {
                 if p.template == boot.template && p.limits == boot.limits {
+                    if let Some(e) = self.lookup_any(&id).and_then(|sb| sb.egress.get().cloned()) {
+                        e.set_policy(super::network::closed_policy());
+                    }
                     p.ready.push_front(id);
                     p.claims = p.claims.saturating_sub(1);
                     return;
@@ -316,6 +332,7 @@ impl Engine {
             let p = pools.entry(name.to_owned()).or_insert_with(|| Pool {
                 template: TemplateRef::Host,
                 limits,
+                network: false,
                 target: 0,
                 max: 0,
                 refill_concurrency: DEFAULT_REFILL_CONCURRENCY,
@@ -327,6 +344,10 @@ impl Engine {
                 backoff_until: None,
             });
             let template = template.unwrap_or_else(|| p.template.clone());
+            let network = spec.network.unwrap_or(p.network);
+            if network {
+                self.egress_ready()?;
+            }
             let target = spec.target.unwrap_or(p.target);
             let max = spec.max.unwrap_or(p.max.max(target));
             let conc = spec.refill_concurrency.unwrap_or(p.refill_concurrency);
@@ -346,7 +367,7 @@ impl Engine {
                     "pool `{name}`: refill_concurrency {conc} is out of range; allowed is 1..={MAX_REFILL_CONCURRENCY}"
                 )));
             }
-            if p.template != template || p.limits != limits {
+            if p.template != template || p.limits != limits || p.network != network {
                 p.generation += 1;
                 evicted.extend(p.ready.drain(..));
             }
@@ -355,6 +376,7 @@ impl Engine {
             }
             p.template = template;
             p.limits = limits;
+            p.network = network;
             p.target = target;
             p.max = max;
             p.refill_concurrency = conc;
@@ -415,6 +437,7 @@ impl Engine {
                 max: p.max,
                 refill_concurrency: p.refill_concurrency,
                 limits: p.limits,
+                network: p.network,
                 ready: p.ready.len() as u32,
                 filling: p.filling,
                 claims: p.claims,

@@ -85,6 +85,11 @@ impl Engine {
                             labels: Default::default(),
                             tenant: None,
                             pool: Some(name.clone()),
+                            egress: if p.network {
+                                super::network::closed_policy()
+                            } else {
+                                Default::default()
+                            },
                         },
                     ));
                 }

@@ -63,6 +63,11 @@ pub(crate) struct Sandbox {
     /// the record first waits for it ([`Sandbox::settled`]), so it sees the
     /// claim and never overtakes it.
     pub record: Arc<tokio::sync::RwLock<()>>,
+    /// The sandbox's prepared network namespace (egress other than `none`),
+    /// taken back by destroy.
+    pub net: Mutex<Option<crate::egress::Prepared>>,
+    /// Its live egress state (policy, connections), shared with the proxy.
+    pub egress: OnceLock<Arc<crate::egress::Attached>>,
 }
 
 impl Sandbox {
@@ -106,6 +111,8 @@ impl Sandbox {
             lease,
             oom_seen: AtomicU64::new(0),
             record: Arc::new(tokio::sync::RwLock::new(())),
+            net: Mutex::new(None),
+            egress: OnceLock::new(),
         }
     }
 

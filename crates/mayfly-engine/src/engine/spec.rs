@@ -22,6 +22,7 @@ pub(crate) struct Boot {
     pub tenant: Option<String>,
     /// The pool this sandbox is booted for.
     pub pool: Option<String>,
+    pub egress: mayfly_types::EgressPolicy,
 }
 
 /// A `dir:` template must be a directory.

@@ -50,14 +50,20 @@ impl StubHandle {
     }
 
     /// Has the stub clone and set up the sandbox's init. The stub keeps a
-    /// copy of `keep` (the uid slot's lease) open until it exits.
+    /// copy of `keep` (the uid slot's lease) open until it exits. With
+    /// `net` (a prepared network namespace), init is born in that one
+    /// instead of the stub's own.
     pub async fn spawn(
         &self,
         plan: &SpawnPlan,
         keep: std::os::fd::BorrowedFd<'_>,
+        net: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Spawned, RuntimeError> {
         let req = serde_json::to_vec(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
-        self.chan.send(&req, &[keep])?;
+        match net {
+            Some(ns) => self.chan.send(&req, &[keep, ns])?,
+            None => self.chan.send(&req, &[keep])?,
+        }
         self.spawned().await
     }
 
@@ -131,7 +137,14 @@ pub(super) fn stub_main(
                 Err(_) => process::exit_now(0),
             };
             match serde_json::from_slice::<SpawnPlan>(&buf) {
-                Ok(plan) => spawn_init(&plan),
+                // A second descriptor is a prepared network namespace: the
+                // stub's own is left (and ends), so init is born wired.
+                Ok(plan) => match _kept.get(1) {
+                    Some(ns) => mayfly_sys::veth::join_net(ns.as_fd())
+                        .map_err(|e| super::chain(&e))
+                        .and_then(|()| spawn_init(&plan)),
+                    None => spawn_init(&plan),
+                },
                 Err(e) => Err(format!("bad plan: {e}")),
             }
         }

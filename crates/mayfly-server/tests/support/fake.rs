@@ -667,6 +667,7 @@ impl SandboxApi for FakeEngine {
             max: spec.max.unwrap_or(target),
             refill_concurrency: spec.refill_concurrency.unwrap_or(1),
             limits: mayfly_types::ResolvedLimits::DEFAULT,
+            network: spec.network.unwrap_or(false),
             ready: target,
             filling: 0,
             claims: 0,

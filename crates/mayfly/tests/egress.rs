@@ -1,0 +1,537 @@
+//! Egress policies against a real daemon and real servers: a test network
+//! namespace (`egt<N>`, 10.77.N.2) plays "the outside" with TCP servers on
+//! 80, 443, 8080, 5000 and 7000 and a DNS server on 53 that records what
+//! reaches it; the daemon's resolver maps test names to it (`--dns-hosts`).
+//! Python inside the sandboxes is the client.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::keys::{code, http};
+use common::*;
+use mayfly_types::{CreateRequest, EgressMode, EgressPolicy, ErrorCode, SandboxId};
+
+/// Connects and reports OK (the server answered), BLOCKED or TIMEOUT.
+const CLIENT: &str = r#"
+import socket, ssl, sys
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name = sys.argv[4] if len(sys.argv) > 4 else host
+try:
+    if mode == "resolve":
+        print(socket.gethostbyname(host)); sys.exit(0)
+    if mode == "dns":
+        q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\x00\x00\x01\x00\x01"
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3)
+        u.sendto(q, (host, port)); d = u.recv(512)
+        print("ANSWERED rcode=%d answers=%d" % (d[3] & 15, d[7])); sys.exit(0)
+    s = socket.create_connection((host, port), timeout=3)
+    if mode == "http":
+        s.sendall(b"GET / HTTP/1.1\r\nHost: " + name.encode() + b"\r\n\r\n")
+    elif mode == "tls":
+        inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = ssl.create_default_context().wrap_bio(inc, out, server_hostname=name)
+        try:
+            obj.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        s.sendall(out.read())
+    else:
+        s.sendall(b"hello\r\n")
+    s.settimeout(3)
+    try:
+        d = s.recv(200)
+        print("OK" if d.startswith(b"HTTP/1.0 200") else "BLOCKED")
+    except socket.timeout:
+        print("TIMEOUT")
+except OSError as e:
+    print("BLOCKED", e)
+"#;
+
+/// The outside's servers; each connection and each DNS packet is a line
+/// of the log.
+const SERVER: &str = r#"
+import socket, sys, threading, time
+log = open(sys.argv[1], "a", buffering=1)
+addr = sys.argv[2]
+def handle(c, port):
+    log.write("tcp %d\n" % port)
+    c.settimeout(2)
+    try: c.recv(4096)
+    except OSError: pass
+    if port == 7000:
+        # Held until the client closes.
+        c.settimeout(None)
+        try:
+            while c.recv(4096): pass
+        except OSError: pass
+    else:
+        try: c.sendall(b"HTTP/1.0 200 OK\r\n\r\nhello")
+        except OSError: pass
+    c.close()
+def serve(port):
+    ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((addr, port)); ls.listen(64)
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=handle, args=(c, port), daemon=True).start()
+def dns():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, 53))
+    while True:
+        u.recvfrom(4096); log.write("dns\n")
+for p in (80, 443, 8080, 5000, 7000):
+    threading.Thread(target=serve, args=(p,), daemon=True).start()
+threading.Thread(target=dns, daemon=True).start()
+print("ready", flush=True)
+while True: time.sleep(3600)
+"#;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace with a veth to the host and the recording servers.
+struct Outside {
+    ns: String,
+    addr: String,
+    log: std::path::PathBuf,
+    server: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Outside {
+    fn start() -> Outside {
+        require_root();
+        // Unique among this binary's tests (at most five use one) and, mostly, across runs.
+        let n = 20 + (std::process::id() % 40) * 5 + NEXT.fetch_add(1, Ordering::SeqCst) % 5;
+        let ns = format!("egt{n}");
+        let (h, i) = (format!("egt{n}h"), format!("egt{n}i"));
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        let _ = Command::new("ip").args(["link", "del", &h]).output();
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &h, "type", "veth", "peer", "name", &i, "netns", &ns,
+        ]);
+        ip(&["addr", "add", &format!("10.77.{n}.1/24"), "dev", &h]);
+        ip(&["link", "set", &h, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("10.77.{n}.2/24"),
+            "dev",
+            &i,
+        ]);
+        ip(&["-n", &ns, "link", "set", &i, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let dir = test_dir();
+        let log = dir.path().join("outside.log");
+        let addr = format!("10.77.{n}.2");
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", SERVER])
+            .arg(&log)
+            .arg(&addr)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the outside's servers");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("reading the servers' ready line");
+        assert_eq!(line.trim(), "ready");
+        Outside {
+            ns,
+            addr,
+            log,
+            server,
+            _dir: dir,
+        }
+    }
+
+    /// A hosts file naming the outside `allowed.test`, `other.test` and
+    /// `a.wild.test`, and `loop.test` the host's loopback.
+    fn hosts_file(&self) -> String {
+        let f = self._dir.path().join("hosts");
+        std::fs::write(
+            &f,
+            format!(
+                "{0} allowed.test other.test a.wild.test\n127.0.0.1 loop.test\n",
+                self.addr
+            ),
+        )
+        .expect("writing the hosts file");
+        f.to_string_lossy().into_owned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn hits(&self, what: &str) -> usize {
+        self.log().lines().filter(|l| *l == what).count()
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+fn policy(mode: EgressMode, allow: &[&str]) -> EgressPolicy {
+    EgressPolicy {
+        mode,
+        allow: allow.iter().map(|s| s.parse().expect("entry")).collect(),
+        ..EgressPolicy::default()
+    }
+}
+
+async fn create(d: &Daemon, p: EgressPolicy) -> SandboxId {
+    d.create_with(&CreateRequest {
+        egress: Some(p),
+        ..CreateRequest::default()
+    })
+    .await
+    .id
+}
+
+/// Runs the client in `id`: `mode host port [name]`.
+async fn probe(d: &Daemon, id: &SandboxId, args: &[&str]) -> String {
+    let mut argv = vec!["python3", "-c", CLIENT];
+    argv.extend_from_slice(args);
+    let r = d.exec(id, &argv).await;
+    String::from_utf8_lossy(&r.stdout.0).trim().to_owned()
+}
+
+async fn expect(d: &Daemon, id: &SandboxId, args: &[&str], want: &str) {
+    let got = probe(d, id, args).await;
+    assert!(
+        got.starts_with(want),
+        "{args:?} from {id}: expected {want}, got {got:?}"
+    );
+}
+
+/// The sandbox's own address (a UDP connect sends nothing).
+async fn own_addr(d: &Daemon, id: &SandboxId) -> String {
+    d.sh(id, "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('192.0.2.1', 9)); print(s.getsockname()[0])\"")
+        .await
+        .trim()
+        .to_owned()
+}
+
+/// A host address that is neither loopback nor a test or sandbox link's.
+fn host_addr() -> String {
+    mayfly_sys::veth::host_addresses()
+        .into_iter()
+        .filter_map(|a| match a {
+            std::net::IpAddr::V4(v4) if !v4.is_loopback() => Some(v4.to_string()),
+            _ => None,
+        })
+        .find(|a| !a.starts_with("100.96.") && !a.starts_with("10.77."))
+        .expect("the host has an IPv4 address")
+}
+
+fn tag(d: &Daemon) -> String {
+    mayfly_engine::egress::plan::Names::for_state_dir(&d.state_dir).tag
+}
+
+fn links_of(tag: &str) -> Vec<String> {
+    mayfly_sys::veth::list_links(&format!("mf-{tag}-")).expect("listing links")
+}
+
+fn table_exists(tag: &str) -> bool {
+    mayfly_sys::nft::inet_tables(&format!("mayfly-{tag}"))
+        .expect("listing nft tables")
+        .iter()
+        .any(|t| *t == format!("mayfly-{tag}"))
+}
+
+async fn daemon_for(out: &Outside, extra: &[&str]) -> Daemon {
+    let hosts = out.hosts_file();
+    let mut args = vec!["--dns-hosts", hosts.as_str(), "--egress-pool", "2"];
+    args.extend_from_slice(extra);
+    Daemon::start_with(&args).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_list_admits_allowed_names_and_blocks_everything_else() {
+    let out = Outside::start();
+    let dir = test_dir();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken").expect("token file");
+    let port = 20000 + (std::process::id() % 20000);
+    let tcp = format!("0.0.0.0:{port}");
+    let d = daemon_for(
+        &out,
+        &["--tcp", &tcp, "--token-file", token.to_str().expect("path")],
+    )
+    .await;
+    let allow = ["allowed.test:80", "allowed.test:443", "*.wild.test:5000"];
+    let a = create(&d, policy(EgressMode::Allow, &allow)).await;
+    let b = create(&d, policy(EgressMode::Open, &[])).await;
+    let (a_addr, b_addr) = (own_addr(&d, &a).await, own_addr(&d, &b).await);
+    assert_ne!(a_addr, b_addr);
+    let ip = out.addr.as_str();
+
+    expect(&d, &a, &["http", "allowed.test", "80"], "OK").await;
+    expect(&d, &a, &["tls", "allowed.test", "443"], "OK").await;
+    expect(&d, &a, &["raw", "a.wild.test", "5000"], "OK").await;
+    assert_eq!(
+        out.hits("tcp 443"),
+        1,
+        "the allowed ClientHello reached the server"
+    );
+    // Other names do not resolve; other ports of an allowed name are closed.
+    expect(&d, &a, &["resolve", "other.test", "0"], "BLOCKED").await;
+    expect(&d, &a, &["http", "allowed.test", "8080"], "BLOCKED").await;
+    // A raw IP (even one handed out for an allowed name) and a spoofed
+    // Host or SNI are refused on 80/443.
+    expect(&d, &a, &["http", ip, "80"], "BLOCKED").await;
+    expect(&d, &a, &["http", ip, "80", "other.test"], "BLOCKED").await;
+    expect(&d, &a, &["tls", ip, "443", "other.test"], "BLOCKED").await;
+    expect(&d, &a, &["raw", ip, "8080"], "BLOCKED").await;
+    // The host: its loopback through a name, its address (the daemon's
+    // API), the sandbox's gateway; another sandbox; cloud metadata.
+    expect(&d, &a, &["http", "loop.test", "80"], "BLOCKED").await;
+    let host = host_addr();
+    expect(&d, &a, &["http", &host, &port.to_string()], "BLOCKED").await;
+    let gw = a_addr
+        .rsplit_once('.')
+        .map(|(n, l)| format!("{n}.{}", l.parse::<u8>().unwrap_or(2) - 1))
+        .expect("addr");
+    expect(&d, &a, &["http", &gw, &port.to_string()], "BLOCKED").await;
+    d.sh(
+        &b,
+        "(python3 -m http.server 8000 >/dev/null 2>&1 &) ; sleep 0.5",
+    )
+    .await;
+    expect(&d, &a, &["http", &b_addr, "8000"], "BLOCKED").await;
+    expect(&d, &a, &["http", "169.254.169.254", "80"], "BLOCKED").await;
+    // A foreign DNS server is never reached: the daemon answers instead.
+    expect(&d, &a, &["dns", ip, "53", "other.test"], "ANSWERED rcode=3").await;
+    expect(
+        &d,
+        &a,
+        &["dns", ip, "53", "allowed.test"],
+        "ANSWERED rcode=0 answers=1",
+    )
+    .await;
+    assert_eq!(
+        out.hits("dns"),
+        0,
+        "the foreign DNS server got a query: {}",
+        out.log()
+    );
+    let before = out.hits("tcp 80") + out.hits("tcp 8080");
+    assert_eq!(
+        before,
+        1,
+        "only the allowed request reached the outside: {}",
+        out.log()
+    );
+
+    // A live change: other.test opens, allowed.test closes.
+    let new = policy(EgressMode::Allow, &["other.test:80"]);
+    assert_eq!(d.client.set_egress(&a, &new).await.expect("patch"), new);
+    assert_eq!(d.client.egress(&a).await.expect("get"), new);
+    expect(&d, &a, &["http", "other.test", "80"], "OK").await;
+    expect(&d, &a, &["resolve", "allowed.test", "0"], "BLOCKED").await;
+    expect(&d, &a, &["http", ip, "80", "allowed.test"], "BLOCKED").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn open_mode_still_blocks_the_always_blocked_set_and_none_is_loopback_only() {
+    let out = Outside::start();
+    let d = daemon_for(&out, &[]).await;
+    let open = create(&d, policy(EgressMode::Open, &[])).await;
+    let ip = out.addr.as_str();
+    expect(&d, &open, &["raw", ip, "8080"], "OK").await;
+    expect(&d, &open, &["http", "other.test", "80"], "OK").await;
+    expect(&d, &open, &["http", "169.254.169.254", "80"], "BLOCKED").await;
+    expect(&d, &open, &["http", &host_addr(), "22"], "BLOCKED").await;
+    expect(&d, &open, &["http", "loop.test", "80"], "BLOCKED").await;
+    expect(&d, &open, &["raw", ip, "53"], "BLOCKED").await;
+
+    let none = d.create().await.id;
+    let ifaces = d
+        .sh(&none, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        .await;
+    assert_eq!(
+        ifaces.trim(),
+        "lo",
+        "a sandbox with egress none has loopback only"
+    );
+    expect(&d, &none, &["raw", ip, "8080"], "BLOCKED").await;
+    // It has no interface to open later.
+    let r = d
+        .client
+        .set_egress(&none, &policy(EgressMode::Open, &[]))
+        .await;
+    assert_eq!(code(r).1, ErrorCode::Conflict);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_connection_cap_is_enforced() {
+    let out = Outside::start();
+    let d = daemon_for(&out, &[]).await;
+    let mut p = policy(EgressMode::Allow, &[&format!("{}/32:7000-8080", out.addr)]);
+    p.max_connections = Some(2);
+    let id = create(&d, p).await;
+    let script = format!(
+        "import socket, time\n\
+         held = [socket.create_connection(('{0}', 7000), timeout=3) for _ in range(2)]\n\
+         for s in held: s.sendall(b'x')\n\
+         time.sleep(0.5)\n\
+         try:\n    s = socket.create_connection(('{0}', 8080), timeout=3); s.sendall(b'x'); s.settimeout(3)\n    print('third', s.recv(100)[:15])\n\
+         except OSError as e:\n    print('third refused', type(e).__name__)\n\
+         for h in held: h.close()\n\
+         time.sleep(0.5)\n\
+         s = socket.create_connection(('{0}', 8080), timeout=3); s.sendall(b'x'); s.settimeout(3)\n\
+         print('after', s.recv(100)[:15])\n",
+        out.addr
+    );
+    let r = d.exec(&id, &["python3", "-c", &script]).await;
+    let text = String::from_utf8_lossy(&r.stdout.0).into_owned();
+    assert!(
+        text.contains("third refused") || text.contains("third b''"),
+        "the third connection passed the cap of 2: {text:?} {:?}",
+        String::from_utf8_lossy(&r.stderr.0)
+    );
+    assert!(
+        text.contains("after b'HTTP/1.0 200"),
+        "a freed place is usable again: {text:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_policies_are_refused_with_400() {
+    let d = Daemon::start().await;
+    for body in [
+        r#"{"egress": {"mode": "allow", "allow": ["10.0.0.0/33"]}}"#,
+        r#"{"egress": {"mode": "allow", "allow": ["10.0.0.0/8:90-80"]}}"#,
+        r#"{"egress": {"mode": "allow", "allow": ["ex*ample.com"]}}"#,
+        r#"{"egress": {"mode": "allow", "allow": ["a.*.example.com"]}}"#,
+        r#"{"egress": {"mode": "sometimes"}}"#,
+        r#"{"egress": {"mode": "open", "max_connections": 0}}"#,
+    ] {
+        let r = http(&d.socket, "POST", "/v1/sandboxes", None, Some(body));
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["code"], "invalid_argument", "{body}");
+    }
+    let id = d.create().await.id;
+    let path = format!("/v1/sandboxes/{id}/egress");
+    let r = http(
+        &d.socket,
+        "PATCH",
+        &path,
+        None,
+        Some(r#"{"mode":"allow","allow":["1.2.3.4:0"]}"#),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
+    let out = Outside::start();
+    let mut d = daemon_for(&out, &[]).await;
+    let t = tag(&d);
+    let id = create(&d, policy(EgressMode::Open, &[])).await;
+    let addr = own_addr(&d, &id).await;
+    let slot =
+        mayfly_engine::egress::plan::slot_of_sandbox(addr.parse().expect("addr")).expect("slot");
+    let link = format!("mf-{t}-{slot}");
+    assert!(links_of(&t).contains(&link));
+    assert!(table_exists(&t));
+    d.client.destroy(&id).await.expect("destroy");
+    // Destroy answers once the sandbox is killed; cleanup follows.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while links_of(&t).contains(&link) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !links_of(&t).contains(&link),
+        "the sandbox's link outlived it"
+    );
+    assert_no_leaks(&d.state_dir, &[id.as_str()]);
+
+    let id2 = create(&d, policy(EgressMode::Open, &[])).await;
+    d.kill9();
+    // The kernel frees the namespaces, and their veth pairs, with the
+    // daemon's processes; the table waits for the restart.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !links_of(&t).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(links_of(&t), Vec::<String>::new(), "links after kill -9");
+    d.restart().await;
+    assert!(table_exists(&t), "the restarted daemon has its table again");
+    assert_no_leaks(&d.state_dir, &[id2.as_str()]);
+    d.stop();
+    assert_eq!(links_of(&t), Vec::<String>::new(), "links after shutdown");
+    assert!(!table_exists(&t), "the table outlived the daemon");
+    let netns = std::fs::read_dir("/run/netns")
+        .map(|r| r.count())
+        .unwrap_or(0);
+    let named: Vec<_> = std::fs::read_dir("/run/netns")
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        named
+            .iter()
+            .all(|n| !n.starts_with("mf-") && !n.starts_with("mayfly")),
+        "{netns} named namespaces: {named:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_with_network_serves_creates_with_egress_and_applies_their_policy() {
+    let out = Outside::start();
+    let d = daemon_for(&out, &["--pool", "host=2,network=on"]).await;
+    for _ in 0..300 {
+        let pools = d.client.pools().await.expect("pools");
+        if pools
+            .iter()
+            .any(|p| p.name == "host" && p.ready == 2 && p.network)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info = d
+        .create_with(&CreateRequest {
+            egress: Some(policy(EgressMode::Allow, &["allowed.test:80"])),
+            ..CreateRequest::default()
+        })
+        .await;
+    assert_eq!(info.source, mayfly_types::SandboxSource::Pool, "{info:?}");
+    expect(&d, &info.id, &["http", "allowed.test", "80"], "OK").await;
+    expect(&d, &info.id, &["resolve", "other.test", "0"], "BLOCKED").await;
+    // A create without egress does not take a pool sandbox with network.
+    let none = d.create().await;
+    assert_ne!(none.source, mayfly_types::SandboxSource::Pool);
+    let ifaces = d
+        .sh(
+            &none.id,
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+        )
+        .await;
+    assert_eq!(ifaces.trim(), "lo");
+}
