@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use mayfly_client::Client;
 use mayfly_types::{CreateRequest, EgressMode, EgressPolicy, PoolSpec, SandboxSource};
 
@@ -101,20 +101,8 @@ pub async fn cold(
 }
 
 async fn settle(c: &Client, name: &str, ready: u32) -> anyhow::Result<()> {
-    let t = Instant::now();
-    loop {
-        let pools = call("listing pools", c.pools()).await?;
-        if pools
-            .iter()
-            .any(|p| p.name == name && p.ready >= ready && p.filling == 0)
-        {
-            return Ok(());
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            bail!("pool {name} did not fill");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    crate::pool::settle_pool(c, name, ready, Duration::from_secs(60)).await?;
+    Ok(())
 }
 
 /// Pool claims, with network and without, alternating, each against a

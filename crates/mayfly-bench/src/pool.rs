@@ -31,17 +31,27 @@ async fn set_pool(c: &Client, target: u32, conc: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until the pool holds at least `ready` and boots nothing.
+/// Waits until the bench's pool holds at least `ready` and boots nothing.
 async fn settle(c: &Client, ready: u32, limit: Duration) -> anyhow::Result<Duration> {
+    settle_pool(c, POOL, ready, limit).await
+}
+
+/// Waits until pool `name` holds at least `ready` and boots nothing.
+pub async fn settle_pool(
+    c: &Client,
+    name: &str,
+    ready: u32,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
     let t = Instant::now();
     loop {
         let pools = call("listing pools", c.pools()).await?;
-        let p = pools.iter().find(|p| p.name == POOL);
+        let p = pools.iter().find(|p| p.name == name);
         if p.is_some_and(|p| p.ready >= ready && p.filling == 0) {
             return Ok(t.elapsed());
         }
         if t.elapsed() > limit {
-            bail!("the pool did not reach {ready} ready within {limit:?}: {p:?}");
+            bail!("pool {name} did not reach {ready} ready within {limit:?}: {p:?}");
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -120,7 +120,9 @@ impl Client {
         req: &ExecRequest,
     ) -> Result<ExecStream, ClientError> {
         let path = format!("{}/exec", sandbox(id));
-        let (resp, what) = self.post_for_events(&path, json_body(req)?).await?;
+        let (resp, what) = self
+            .call_for_events(Method::POST, &path, json_body(req)?)
+            .await?;
         Ok(ExecStream::new(resp.into_body(), what))
     }
 
@@ -129,7 +131,9 @@ impl Client {
     /// the sandbox's id and the command's stream, as for
     /// [`Client::exec_stream`].
     pub async fn run(&self, req: &RunRequest) -> Result<(SandboxId, ExecStream), ClientError> {
-        let (resp, what) = self.post_for_events("/v1/run", json_body(req)?).await?;
+        let (resp, what) = self
+            .call_for_events(Method::POST, "/v1/run", json_body(req)?)
+            .await?;
         let id = resp
             .headers()
             .get("x-mayfly-sandbox")
@@ -142,14 +146,16 @@ impl Client {
         Ok((id, ExecStream::new(resp.into_body(), what)))
     }
 
-    /// A POST answered with `text/event-stream`.
-    async fn post_for_events(
+    /// A request answered with `text/event-stream`; any other answer is a
+    /// protocol error.
+    pub(crate) async fn call_for_events(
         &self,
+        method: Method,
         path: &str,
         body: Body,
     ) -> Result<(hyper::Response<hyper::body::Incoming>, String), ClientError> {
         let (resp, what) = self
-            .call(Method::POST, path, body, Some("text/event-stream"))
+            .call(method, path, body, Some("text/event-stream"))
             .await?;
         let is_sse = resp
             .headers()

@@ -18,19 +18,8 @@ impl Client {
             None => "/v1/events".to_owned(),
         };
         let (resp, what) = self
-            .call(Method::GET, &path, Body::Empty, Some("text/event-stream"))
+            .call_for_events(Method::GET, &path, Body::Empty)
             .await?;
-        let is_sse = resp
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("text/event-stream"));
-        if !is_sse {
-            return Err(ClientError::Protocol {
-                request: what,
-                reason: "expected a text/event-stream answer".to_owned(),
-            });
-        }
         Ok(EventStream {
             body: resp.into_body(),
             parser: Parser::default(),

@@ -273,9 +273,6 @@ impl Engine {
             engine.inner.pools.wake.notify_one();
         });
         // Shutdown waits for the record like for a destroy.
-        let task = tokio::spawn(async move {
-            let _ = task.await;
-        });
         self.track_cleanup(task);
     }
 
