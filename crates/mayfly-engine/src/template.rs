@@ -71,6 +71,8 @@ pub fn plan_layers(
             }
             layers
         }
+        // Resolved from the template registry before planning.
+        TemplateRef::Named(_) => Vec::new(),
     }
 }
 

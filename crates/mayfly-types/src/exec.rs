@@ -34,6 +34,13 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Cap on each of stdout and stderr; the rest is discarded and flagged.
     pub output_limit: Option<u64>,
+    /// A task run: the sandbox's `before_run` hooks run before it and its
+    /// `after_run` hooks after it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run: bool,
+    /// Secrets for this command only; never stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::Secret>,
 }
 
 /// `POST /v1/run`: one command in a sandbox made for it, destroyed as soon

@@ -11,9 +11,11 @@ mod exec;
 mod files;
 mod gateway;
 mod id;
+mod lifecycle;
 mod limits;
 mod pool;
 mod sandbox;
+mod template;
 mod tenant;
 mod usage;
 
@@ -36,11 +38,18 @@ pub use gateway::{
     MAX_SERVICE_NAME,
 };
 pub use id::{IdError, SandboxId};
+pub use lifecycle::{
+    FailurePolicy, GitWorkspace, Hook, Hooks, HttpProbe, Probe, RestartPolicy, Secret, ServiceSpec,
+};
 pub use limits::{LimitError, Limits, ResolvedLimits};
 pub use pool::{PoolInfo, PoolList, PoolSpec};
 pub use sandbox::{
-    CreateRequest, KeepaliveRequest, SandboxInfo, SandboxList, SandboxSource, SandboxState,
-    TemplateError, TemplateRef, TtlError,
+    is_template_name, CreateRequest, KeepaliveRequest, SandboxInfo, SandboxList, SandboxSource,
+    SandboxState, TemplateError, TemplateRef, TtlError, MAX_TEMPLATE_NAME,
+};
+pub use template::{
+    BuildProgress, BuildRequest, BuildStep, CopyStep, RegistryAuth, RunStep, TemplateInfo,
+    TemplateList, TemplatePool, TemplateSpec,
 };
 pub use tenant::{
     check_key_id, check_tenant_name, CreateKeyRequest, CreatedKey, KeyIdError, KeyInfo, KeyList,

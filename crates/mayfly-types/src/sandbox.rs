@@ -18,12 +18,30 @@ pub enum TemplateRef {
     Host,
     /// Any root filesystem directory, used read-only as the lower layer.
     Dir(PathBuf),
+    /// A template built with `mayfly template build` (its layers, config,
+    /// services, hooks and defaults), by name.
+    Named(String),
+}
+
+/// The longest template name.
+pub const MAX_TEMPLATE_NAME: usize = 63;
+
+/// Whether `s` is a valid template name: `[a-z0-9][a-z0-9._-]*`, at most
+/// [`MAX_TEMPLATE_NAME`] bytes, and not `host`.
+pub fn is_template_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_TEMPLATE_NAME
+        && s != "host"
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
 }
 
 /// A template string that cannot be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
-    #[error("unknown template `{0}`: use `host` or `dir:/absolute/path`")]
+    #[error("unknown template `{0}`: use `host`, `dir:/absolute/path` or a built template's name ([a-z0-9][a-z0-9._-]*, at most 63 bytes)")]
     Unknown(String),
     #[error("template directory `{0}` must be an absolute, normalised path")]
     NotAbsolute(String),
@@ -36,6 +54,9 @@ impl std::str::FromStr for TemplateRef {
             return Ok(TemplateRef::Host);
         }
         let Some(path) = s.strip_prefix("dir:") else {
+            if is_template_name(s) {
+                return Ok(TemplateRef::Named(s.to_string()));
+            }
             return Err(TemplateError::Unknown(s.chars().take(128).collect()));
         };
         let p = std::path::Path::new(path);
@@ -58,6 +79,7 @@ impl std::fmt::Display for TemplateRef {
         match self {
             TemplateRef::Host => f.write_str("host"),
             TemplateRef::Dir(p) => write!(f, "dir:{}", p.display()),
+            TemplateRef::Named(n) => f.write_str(n),
         }
     }
 }
@@ -110,6 +132,23 @@ pub struct CreateRequest {
     /// when absent, and `none` (loopback only) when it has none.
     #[serde(default)]
     pub egress: Option<crate::EgressPolicy>,
+    /// Services started before the sandbox counts as ready, after the
+    /// template's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<crate::ServiceSpec>,
+    /// Lifecycle hooks, run after the template's at each point.
+    #[serde(default, skip_serializing_if = "crate::Hooks::is_empty")]
+    pub hooks: crate::Hooks,
+    /// Paths inside the sandbox collected into the artifact store before
+    /// removal, besides the template's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<String>,
+    /// A git checkout into `/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::GitWorkspace>,
+    /// Secrets for every command of the sandbox; never stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::Secret>,
 }
 
 /// `POST /v1/sandboxes/{id}/keepalive`: resets the idle timer and, with
@@ -243,9 +282,15 @@ mod tests {
             "dir:/srv/rootfs".parse::<TemplateRef>().unwrap(),
             TemplateRef::Dir("/srv/rootfs".into())
         );
+        assert_eq!(
+            "pg-15".parse::<TemplateRef>().unwrap(),
+            TemplateRef::Named("pg-15".into())
+        );
         for bad in [
             "",
             "docker:x",
+            "Pg",
+            "-pg",
             "dir:rel",
             "dir:/a/../b",
             "dir:/a:b",

@@ -280,6 +280,7 @@ impl SpecArgs {
             env: self.env.iter().cloned().collect(),
             labels: self.labels.iter().cloned().collect(),
             egress: self.egress.policy()?,
+            ..CreateRequest::default()
         })
     }
 }

@@ -43,6 +43,7 @@ pub fn exec_request_without_stdin(cmd: &CommandArgs, env: &[(String, String)]) -
         stdin: None,
         timeout_ms: cmd.timeout.map(|t| t.as_millis().max(1) as u64),
         output_limit: None,
+        ..ExecRequest::default()
     }
 }
 

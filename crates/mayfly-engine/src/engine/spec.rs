@@ -35,6 +35,11 @@ pub(crate) fn check_template(template: &TemplateRef) -> Result<(), EngineError> 
             )));
         }
     }
+    if let TemplateRef::Named(n) = template {
+        return Err(EngineError::Invalid(format!(
+            "template `{n}` is not built (see `mayfly template build`)"
+        )));
+    }
     Ok(())
 }
 
