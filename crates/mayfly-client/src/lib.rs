@@ -36,6 +36,7 @@ mod error;
 mod gateway;
 mod observe;
 mod sse;
+mod templates;
 mod transport;
 
 pub use error::{BoxError, ClientError};
@@ -43,6 +44,7 @@ pub use gateway::PortStream;
 pub use mayfly_types::UploadSummary;
 pub use observe::EventStream;
 pub use sse::ExecStream;
+pub use templates::{BuildEvent, BuildStream};
 
 use transport::Transport;
 

@@ -231,6 +231,12 @@ pub trait SandboxApi: Send + Sync + 'static {
         None
     }
 
+    /// Named templates, when this front end has a registry; without, those
+    /// routes answer 404.
+    fn templates(&self) -> Option<&dyn crate::TemplateApi> {
+        None
+    }
+
     /// Subscribes to lifecycle events as their transactions commit, in
     /// sequence order; a subscriber that lags reads the rest with
     /// [`SandboxApi::events`].

@@ -11,18 +11,20 @@ mod engine;
 mod error;
 pub mod files;
 pub mod gateway;
+pub mod image;
 pub mod park;
 pub mod plan;
 pub mod runtime;
 pub mod template;
+pub mod templates;
 pub mod tenancy;
 
 pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
 pub use engine::Admission;
 pub use engine::QuotaError;
 pub use engine::{
-    check_pool_name, start_one_shot_zygote, Detached, Engine, EngineConfig, RecoveryReport,
-    DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
+    check_pool_name, start_one_shot_zygote, BuildEvents, Detached, Engine, EngineConfig,
+    RecoveryReport, DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
 };
 pub use error::EngineError;
 pub use gateway::{
@@ -30,4 +32,5 @@ pub use gateway::{
 };
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;
+pub use templates::TemplateApi;
 pub use tenancy::{TenancyApi, TenancyError};

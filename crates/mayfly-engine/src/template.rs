@@ -11,7 +11,7 @@ use std::io;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use mayfly_types::TemplateRef;
+use crate::templates::{Base, Resolved};
 
 /// One overlay of a sandbox root: its lower layers and where it is mounted
 /// (relative to the sandbox root; `""` is the root itself).
@@ -45,34 +45,42 @@ pub enum TemplateError {
     },
 }
 
-/// The layers of a template, from a description of the host (pure).
-pub fn plan_layers(
-    template: &TemplateRef,
-    skeleton: &Path,
-    host: &[(&str, HostEntry)],
-) -> Vec<Layer> {
-    match template {
-        TemplateRef::Dir(dir) => vec![Layer {
-            lowers: vec![dir.clone()],
+/// The overlays of a sandbox's root, from its resolved template and a
+/// description of the host (pure). Layers built on the base stack above it,
+/// top first, as overlayfs wants; on the `host` base each layer also joins
+/// the overlay of every host system directory it has entries under.
+pub fn plan_layers(t: &Resolved, skeleton: &Path, host: &[(&str, HostEntry)]) -> Vec<Layer> {
+    let stacked = || t.layers.iter().rev().map(|(p, _)| p.clone());
+    match &t.base {
+        Base::Dir(dir) => vec![Layer {
+            lowers: stacked().chain([dir.clone()]).collect(),
             target: PathBuf::new(),
         }],
-        TemplateRef::Host => {
+        Base::Image(_) => vec![Layer {
+            lowers: stacked().collect(),
+            target: PathBuf::new(),
+        }],
+        Base::Host => {
             let mut layers = vec![Layer {
-                lowers: vec![skeleton.to_path_buf()],
+                lowers: stacked().chain([skeleton.to_path_buf()]).collect(),
                 target: PathBuf::new(),
             }];
             for (name, entry) in host {
                 if *entry == HostEntry::Dir {
+                    let built = t
+                        .layers
+                        .iter()
+                        .rev()
+                        .filter(|(_, tops)| tops.iter().any(|x| x == name))
+                        .map(|(p, _)| p.join(name));
                     layers.push(Layer {
-                        lowers: vec![Path::new("/").join(name)],
+                        lowers: built.chain([Path::new("/").join(name)]).collect(),
                         target: PathBuf::from(name),
                     });
                 }
             }
             layers
         }
-        // Resolved from the template registry before planning.
-        TemplateRef::Named(_) => Vec::new(),
     }
 }
 
@@ -272,7 +280,8 @@ mod tests {
             ("lib64", HostEntry::Dir),
             ("lib32", HostEntry::Missing),
         ];
-        let layers = plan_layers(&TemplateRef::Host, Path::new("/s/host-v2"), &host);
+        let host_t = Resolved::simple(&mayfly_types::TemplateRef::Host).unwrap();
+        let layers = plan_layers(&host_t, Path::new("/s/host-v2"), &host);
         assert_eq!(
             layers,
             vec![
@@ -294,15 +303,49 @@ mod tests {
 
     #[test]
     fn dir_template_is_one_layer() {
-        let layers = plan_layers(
-            &TemplateRef::Dir("/srv/rootfs".into()),
-            Path::new("/s"),
-            &[],
-        );
+        let dir_t =
+            Resolved::simple(&mayfly_types::TemplateRef::Dir("/srv/rootfs".into())).unwrap();
+        let layers = plan_layers(&dir_t, Path::new("/s"), &[]);
         assert_eq!(
             layers,
             vec![Layer {
                 lowers: vec!["/srv/rootfs".into()],
+                target: "".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn built_layers_stack_above_the_base_and_join_the_host_dirs_they_touch() {
+        let mut t = Resolved::simple(&mayfly_types::TemplateRef::Host).unwrap();
+        t.layers = vec![
+            ("/l/a".into(), vec!["etc".into(), "usr".into()]),
+            ("/l/b".into(), vec!["var".into()]),
+        ];
+        let host = [("usr", HostEntry::Dir), ("lib64", HostEntry::Dir)];
+        let layers = plan_layers(&t, Path::new("/sk"), &host);
+        assert_eq!(
+            layers,
+            vec![
+                Layer {
+                    lowers: vec!["/l/b".into(), "/l/a".into(), "/sk".into()],
+                    target: "".into()
+                },
+                Layer {
+                    lowers: vec!["/l/a/usr".into(), "/usr".into()],
+                    target: "usr".into()
+                },
+                Layer {
+                    lowers: vec!["/lib64".into()],
+                    target: "lib64".into()
+                },
+            ]
+        );
+        t.base = Base::Image("oci:/x".into());
+        assert_eq!(
+            plan_layers(&t, Path::new("/sk"), &host),
+            vec![Layer {
+                lowers: vec!["/l/b".into(), "/l/a".into()],
                 target: "".into()
             }]
         );

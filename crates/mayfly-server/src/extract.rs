@@ -157,6 +157,29 @@ impl<S: Send + Sync> FromRequestParts<S> for PoolPath {
     }
 }
 
+/// The `{name}` of a template route, checked.
+#[derive(Debug)]
+pub(crate) struct TemplatePath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for TemplatePath {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let params = path_params(parts, state).await?;
+        let name = params
+            .get("name")
+            .ok_or_else(|| AppError::internal("route has no {name} parameter"))?;
+        if !mayfly_types::is_template_name(name) {
+            return Err(mayfly_engine::EngineError::Invalid(format!(
+                "`{}` is not a template name",
+                name.chars().take(64).collect::<String>().escape_debug()
+            ))
+            .into());
+        }
+        Ok(TemplatePath(name.clone()))
+    }
+}
+
 /// The `{id}` and `{handle}` of a background-process route, of a sandbox
 /// the caller may touch (see [`SandboxPath`]).
 #[derive(Debug)]

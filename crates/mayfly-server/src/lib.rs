@@ -32,6 +32,7 @@ mod processes;
 mod routes;
 mod run;
 mod sandboxes;
+mod templates;
 mod tenancy;
 
 pub use auth::Peer;

@@ -15,7 +15,7 @@ use mayfly_engine::SandboxApi;
 use crate::error::{catch_panic, log_internal_errors, method_not_allowed, no_such_route};
 use crate::{
     auth, events, exec, files, forward, metrics, observe, openapi, pools, ports, processes, run,
-    sandboxes, tenancy, AppState, ServerOptions,
+    sandboxes, templates, tenancy, AppState, ServerOptions,
 };
 
 /// Builds the API router over `api`.
@@ -54,6 +54,7 @@ fn table() -> Routes {
     use pools::*;
     use processes::*;
     use sandboxes::*;
+    use templates::*;
     use tenancy::*;
     const SANDBOX: &str = "/v1/sandboxes/{id}";
     const PROCESSES: &str = "/v1/sandboxes/{id}/processes";
@@ -123,6 +124,14 @@ fn table() -> Routes {
         .add(Method::GET, "/v1/pools", get(list_pools))
         .add(Method::PUT, "/v1/pools/{name}", put(set_pool))
         .add(Method::POST, "/v1/pools/{name}/drain", post(drain_pool))
+        .add(Method::GET, "/v1/templates", get(list_templates))
+        .add(Method::POST, "/v1/templates", post(build_template))
+        .add(Method::GET, "/v1/templates/{name}", get(get_template))
+        .add(
+            Method::DELETE,
+            "/v1/templates/{name}",
+            delete(remove_template),
+        )
         .add(Method::GET, "/v1/tenants", get(list_tenants))
         .add(Method::GET, TENANT, get(get_tenant))
         .add(Method::PUT, TENANT, put(put_tenant))

@@ -3,6 +3,7 @@
 //! Nothing outside this crate calls `libc` directly. Each module has its own
 //! error enum whose variants carry the path, pid or value involved.
 
+pub mod capture;
 pub mod cgroup;
 pub mod du;
 pub mod fs;

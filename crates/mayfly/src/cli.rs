@@ -90,6 +90,9 @@ pub enum Command {
     /// Manage warm pools of booted sandboxes.
     #[command(subcommand)]
     Pool(crate::cmd_pool::PoolCommand),
+    /// Build, list, inspect and remove named templates.
+    #[command(subcommand)]
+    Template(crate::cmd_template::TemplateCommand),
     /// Remove what daemonless runs keep ready: parked sandboxes and spare
     /// namespaces.
     Prune,

@@ -13,6 +13,7 @@ mod cmd_run;
 mod cmd_sandbox;
 mod cmd_serve;
 mod cmd_stats;
+mod cmd_template;
 mod cmd_top;
 mod output;
 
@@ -104,6 +105,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Stats(ref a) => cmd_stats::stats(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
             Command::Pool(ref c) => cmd_pool::pool(&cli, c).await,
+            Command::Template(ref c) => cmd_template::template(&cli, c).await,
             Command::Tenant(ref c) => cmd_admin::tenant(&cli, c).await,
             Command::Key(ref c) => cmd_admin::key(&cli, c).await,
             Command::Ports(ref a) => cmd_gateway::ports(&cli, &a.id.parse()?).await,

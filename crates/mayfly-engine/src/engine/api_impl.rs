@@ -376,6 +376,10 @@ impl SandboxApi for Engine {
         Some(self)
     }
 
+    fn templates(&self) -> Option<&dyn crate::TemplateApi> {
+        Some(self)
+    }
+
     fn subscribe_events(&self) -> Result<EventSubscription, EngineError> {
         Ok(self.inner.store.subscribe_events()?)
     }

@@ -100,6 +100,16 @@ impl EngineConfig {
         self.state_dir.join("templates")
     }
 
+    /// Built templates' records.
+    pub fn registry_dir(&self) -> PathBuf {
+        self.state_dir.join("templates").join("built")
+    }
+
+    /// The content-addressed layer store (image layers and build steps).
+    pub fn layers_dir(&self) -> PathBuf {
+        self.state_dir.join("layers")
+    }
+
     /// One file per stub made by this state directory's owners, naming the
     /// owner, so recovery removes exactly the stubs of dead owners and never
     /// those of another live daemon or `mayfly run`.

@@ -24,7 +24,7 @@ use crate::template::plan_layers;
 use crate::EngineError;
 
 pub(crate) use super::spec::{
-    base_env, check_env, check_labels, check_template, random_id, ttl_secs, Boot, POOLED_EXPIRY,
+    base_env, check_env, check_labels, random_id, ttl_secs, Boot, POOLED_EXPIRY,
 };
 
 /// The mount point of the root, relative to the sandbox's directory.
@@ -75,7 +75,7 @@ pub(crate) fn spawn_plan(
     cfg: &EngineConfig,
     id: &SandboxId,
     slot: u32,
-    template: &TemplateRef,
+    template: &crate::templates::Resolved,
     limits: &mayfly_types::ResolvedLimits,
     env: &std::collections::BTreeMap<String, String>,
     host: (&Path, &[(&'static str, crate::template::HostEntry)]),
@@ -125,7 +125,7 @@ impl Engine {
         caller: &Caller,
     ) -> Result<SandboxInfo, EngineError> {
         let t0 = Instant::now();
-        let boot = self.check_create(req, caller)?;
+        let boot = self.check_create(req, None, caller)?;
         if let Some(info) = self.claim_from_pool(&boot, caller, t0).await? {
             return Ok(info);
         }
@@ -135,10 +135,27 @@ impl Engine {
         self.boot(boot, admission, caller, t0).await
     }
 
-    /// Validates a create request into what to boot.
+    /// A cold create of an already resolved template (a build sandbox).
+    pub(crate) async fn create_resolved(
+        &self,
+        req: CreateRequest,
+        resolved: Arc<crate::templates::Resolved>,
+        caller: &Caller,
+    ) -> Result<SandboxInfo, EngineError> {
+        let t0 = Instant::now();
+        let boot = self.check_create(req, Some(resolved), caller)?;
+        let admission = self.admit(caller, &boot.limits)?;
+        let _fg = self.foreground();
+        self.boot(boot, admission, caller, t0).await
+    }
+
+    /// Validates a create request into what to boot. A named template's
+    /// layers, env, limits, TTL and network are the defaults the request
+    /// overrides.
     pub(crate) fn check_create(
         &self,
         req: CreateRequest,
+        resolved: Option<Arc<crate::templates::Resolved>>,
         caller: &Caller,
     ) -> Result<Boot, EngineError> {
         let cfg = &self.inner.cfg;
@@ -150,8 +167,12 @@ impl Engine {
             return Err(EngineError::ShuttingDown);
         }
         let template = req.template.clone().unwrap_or(TemplateRef::Host);
-        check_template(&template)?;
-        let ttl = ttl_secs(cfg, req.ttl_secs)?;
+        let resolved = match resolved {
+            Some(r) => r,
+            None => self.resolve_template(&template)?,
+        };
+        let tspec = resolved.spec.as_deref();
+        let ttl = ttl_secs(cfg, req.ttl_secs.or(tspec.and_then(|s| s.ttl_secs)))?;
         let idle_secs = match req.idle_timeout_secs {
             None => cfg.default_idle.as_secs(),
             Some(t) if t <= cfg.max_ttl.as_secs() => t,
@@ -162,24 +183,45 @@ impl Engine {
                 )))
             }
         };
-        let limits = cfg
-            .default_limits
+        let limits = self
+            .template_limits(&resolved)?
             .with(&req.limits)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         check_env(&req.env)?;
         check_labels(&req.labels)?;
-        let egress = self.egress_for(req.egress, &template)?;
+        let egress = self.egress_for(
+            req.egress.or_else(|| tspec.and_then(|s| s.network.clone())),
+            &template,
+        )?;
+        let mut env = resolved.env.clone();
+        env.extend(req.env);
         Ok(Boot {
             template,
             limits,
             ttl_secs: ttl,
             idle_secs,
-            env: req.env,
+            env,
             labels: req.labels,
             tenant: Some(caller.tenant.clone()),
             pool: None,
             egress,
+            resolved,
         })
+    }
+
+    /// The daemon's default limits under a template's own.
+    pub(crate) fn template_limits(
+        &self,
+        resolved: &crate::templates::Resolved,
+    ) -> Result<mayfly_types::ResolvedLimits, EngineError> {
+        let cfg = &self.inner.cfg;
+        match resolved.spec.as_deref() {
+            Some(s) => cfg
+                .default_limits
+                .with(&s.limits)
+                .map_err(|e| EngineError::Invalid(format!("template limits: {e}"))),
+            None => Ok(cfg.default_limits),
+        }
     }
 
     /// Boots a sandbox: record, stub, plans, init, ready. `t0` is when the
@@ -205,6 +247,7 @@ impl Engine {
             tenant,
             pool,
             egress,
+            resolved,
         } = boot;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the
@@ -279,7 +322,7 @@ impl Engine {
             cfg,
             &id,
             slot,
-            &template,
+            &resolved,
             &limits,
             &req_env,
             (&inner.skeleton, &inner.host),
@@ -350,6 +393,11 @@ impl Engine {
         ));
         sb.idle_ms
             .store(idle_secs * 1000, std::sync::atomic::Ordering::Relaxed);
+        let _ = sb.exec_defaults.set(super::sandbox::ExecDefaults {
+            cwd: resolved.workdir.clone(),
+            uid: resolved.user,
+        });
+        self.layers_in_use(&id, &resolved);
         if let Some((prepared, attached)) = net {
             let _ = sb.egress.set(attached);
             *sb.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(prepared);

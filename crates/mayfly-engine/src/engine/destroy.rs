@@ -84,6 +84,7 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&sb.id);
         self.release_quota(&sb.id);
+        self.layers_released(&sb.id);
         let destroy_ms = t0.elapsed().as_secs_f64() * 1000.0;
         record_end(store, &sb.id, reason, cgroup_ok, Some(destroy_ms))?;
         sb.done.store(true, Ordering::SeqCst);

@@ -81,6 +81,8 @@ fn plan_ahead(
     req: &CreateRequest,
 ) -> Option<(ResolvedLimits, Planned)> {
     let template = req.template.clone().unwrap_or(TemplateRef::Host);
+    // A built template is resolved by the create (from the registry).
+    let resolved = crate::templates::Resolved::simple(&template)?;
     if let TemplateRef::Dir(d) = &template {
         if !d.is_dir() {
             return None;
@@ -100,7 +102,7 @@ fn plan_ahead(
         cfg,
         id,
         slot,
-        &template,
+        &resolved,
         &limits,
         &req.env,
         (&skeleton, &host),

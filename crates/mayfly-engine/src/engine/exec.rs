@@ -175,13 +175,21 @@ impl Engine {
         let mut env: std::collections::BTreeMap<String, String> =
             sb.env().iter().cloned().collect();
         env.extend(spec.env.clone());
-        let uid = spec.uid.unwrap_or(0);
+        let defaults = sb.exec_defaults.get();
+        let uid = spec
+            .uid
+            .or_else(|| defaults.and_then(|d| d.uid))
+            .unwrap_or(0);
         let handle = sb.handle();
         let cmd = SpawnCommand {
             handle,
             argv: spec.argv.clone(),
             env: env.into_iter().collect(),
-            cwd: spec.cwd.clone().unwrap_or_else(|| "/workspace".into()),
+            cwd: spec
+                .cwd
+                .clone()
+                .or_else(|| defaults.and_then(|d| d.cwd.clone()))
+                .unwrap_or_else(|| "/workspace".into()),
             uid,
             gid: spec.gid.unwrap_or(uid),
         };

@@ -22,6 +22,9 @@ mod refill;
 mod sandbox;
 mod spec;
 mod stubs;
+mod template_build;
+mod template_steps;
+mod templates;
 mod tenants;
 mod usage;
 
@@ -43,6 +46,7 @@ pub use quota::{Admission, QuotaError};
 pub use reaper::Detached;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
+pub use template_build::BuildEvents;
 
 use crate::runtime::zygote::Zygote;
 use crate::template::{self, HostEntry};
@@ -84,6 +88,8 @@ struct Inner {
     egress: std::sync::OnceLock<crate::egress::Egress>,
     /// Why the egress service could not start, for creates that need it.
     egress_unavailable: std::sync::Mutex<Option<String>>,
+    /// Named templates: the resolve cache, layers in use, the build lock.
+    templates: templates::TemplateState,
 }
 
 impl Inner {
@@ -201,6 +207,7 @@ impl Engine {
             _lock: lock,
             egress: std::sync::OnceLock::new(),
             egress_unavailable: std::sync::Mutex::new(None),
+            templates: Default::default(),
         };
         inner.recovery = recovery::reconcile(&inner);
         Ok(Engine {

@@ -24,7 +24,7 @@ use mayfly_types::{
     TemplateRef,
 };
 
-use super::create::{base_env, check_template, Boot};
+use super::create::{base_env, Boot};
 use super::{now_ms, Engine};
 use crate::api::Caller;
 use crate::EngineError;
@@ -51,6 +51,9 @@ struct ClaimRecord {
 /// One pool: its settings and its unclaimed sandboxes.
 pub(crate) struct Pool {
     pub template: TemplateRef,
+    /// What the template stands for, resolved when the pool was set (and
+    /// again when a named template is rebuilt).
+    pub resolved: Arc<crate::templates::Resolved>,
     pub limits: ResolvedLimits,
     /// Sandboxes booted with a network interface, for creates with egress.
     pub network: bool,
@@ -316,11 +319,16 @@ impl Engine {
             .as_deref()
             .map(|t| t.parse().map_err(|e| EngineError::Invalid(format!("{e}"))))
             .transpose()?;
-        if let Some(t) = &template {
-            check_template(t)?;
-        }
-        let limits = cfg
-            .default_limits
+        let resolved = match &template {
+            Some(t) => Some(self.resolve_template(t)?),
+            None => self.lock_pools().get(name).map(|p| p.resolved.clone()),
+        };
+        let resolved = match resolved {
+            Some(r) => r,
+            None => self.resolve_template(&TemplateRef::Host)?,
+        };
+        let limits = self
+            .template_limits(&resolved)?
             .with(&spec.limits)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let mut evicted = Vec::new();
@@ -328,6 +336,7 @@ impl Engine {
             let mut pools = self.lock_pools();
             let p = pools.entry(name.to_owned()).or_insert_with(|| Pool {
                 template: TemplateRef::Host,
+                resolved: resolved.clone(),
                 limits,
                 network: false,
                 target: 0,
@@ -372,6 +381,7 @@ impl Engine {
                 evicted.extend(p.ready.pop_back());
             }
             p.template = template;
+            p.resolved = resolved;
             p.limits = limits;
             p.network = network;
             p.target = target;
@@ -407,6 +417,35 @@ impl Engine {
     }
 
     /// Destroys unclaimed sandboxes that left their pool.
+    /// A named template was rebuilt or removed: pools of it re-resolve it
+    /// and throw away their unclaimed sandboxes (made of the old layers). A
+    /// pool of a removed template keeps its last resolution and stops
+    /// refilling until the template is built again.
+    pub(crate) fn refresh_template_pools(&self, name: &str) {
+        let named = TemplateRef::Named(name.to_owned());
+        let fresh = self.resolve_template(&named).ok();
+        let mut evicted = Vec::new();
+        {
+            let mut pools = self.lock_pools();
+            for p in pools.values_mut().filter(|p| p.template == named) {
+                p.generation += 1;
+                evicted.extend(p.ready.drain(..));
+                match &fresh {
+                    Some(r) => {
+                        p.resolved = r.clone();
+                        p.backoff_until = None;
+                    }
+                    None => {
+                        p.backoff_until =
+                            Some(Instant::now() + std::time::Duration::from_secs(3600 * 24 * 365));
+                    }
+                }
+            }
+        }
+        self.evict(evicted);
+        self.inner.pools.wake.notify_one();
+    }
+
     fn evict(&self, ids: Vec<SandboxId>) {
         for id in ids {
             if let Some(sb) = self.lookup_any(&id) {

@@ -68,6 +68,15 @@ pub(crate) struct Sandbox {
     pub net: Mutex<Option<crate::egress::Prepared>>,
     /// Its live egress state (policy, connections), shared with the proxy.
     pub egress: OnceLock<Arc<crate::egress::Attached>>,
+    /// The template's working directory and user for commands that name none.
+    pub exec_defaults: OnceLock<ExecDefaults>,
+}
+
+/// A command's working directory and uid when its request names none.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ExecDefaults {
+    pub cwd: Option<String>,
+    pub uid: Option<u32>,
 }
 
 impl Sandbox {
@@ -113,6 +122,7 @@ impl Sandbox {
             record: Arc::new(tokio::sync::RwLock::new(())),
             net: Mutex::new(None),
             egress: OnceLock::new(),
+            exec_defaults: OnceLock::new(),
         }
     }
 

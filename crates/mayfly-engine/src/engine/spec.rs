@@ -23,6 +23,8 @@ pub(crate) struct Boot {
     /// The pool this sandbox is booted for.
     pub pool: Option<String>,
     pub egress: mayfly_types::EgressPolicy,
+    /// What the template stands for (layers, defaults, lifecycle).
+    pub resolved: std::sync::Arc<crate::templates::Resolved>,
 }
 
 /// A `dir:` template must be a directory.
@@ -34,11 +36,6 @@ pub(crate) fn check_template(template: &TemplateRef) -> Result<(), EngineError> 
                 d.display()
             )));
         }
-    }
-    if let TemplateRef::Named(n) = template {
-        return Err(EngineError::Invalid(format!(
-            "template `{n}` is not built (see `mayfly template build`)"
-        )));
     }
     Ok(())
 }
