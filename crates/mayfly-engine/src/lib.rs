@@ -11,6 +11,7 @@ mod engine;
 mod error;
 pub mod files;
 pub mod gateway;
+pub mod image;
 pub mod park;
 pub mod plan;
 pub mod runtime;
