@@ -14,7 +14,7 @@ use mayfly_sys::fs::{self as sysfs, Access, Resolve};
 
 use super::digest::{check_key, read_verified};
 use super::spec::{self, Descriptor, Index, Manifest, Parsed, MAX_JSON_BYTES};
-use super::{layer_done, unpack_layer, Expect, Image, ImageError, LayerStore, Progress};
+use super::{fetch_layers, unpack_layer, Expect, Image, ImageError, LayerStore, Progress};
 
 /// An open layout directory.
 pub(super) struct Layout {
@@ -101,22 +101,10 @@ pub(super) async fn fetch(
     let (manifest, desc) = resolve_manifest(|d, what| layout.json_blob(d, what), top)?;
     let config = layout.json_blob(&manifest.config, "image config")?;
     let config = spec::parse_config(&config)?;
-    let mut layers = Vec::new();
-    for l in &manifest.layers {
-        check_key(&l.digest)?;
-        let cached = store.contains(&l.digest);
-        if !cached {
-            let expect = Expect {
-                key: l.digest.clone(),
-                size: Some(l.size),
-                diff_id: None,
-                name: format!("layer {}", l.digest),
-            };
-            unpack_layer(store, Box::new(layout.blob(l)?), expect).await?;
-        }
-        layer_done(progress, &l.digest, cached);
-        layers.push(l.digest.clone());
-    }
+    let layers = fetch_layers(&manifest.layers, store, progress, |l| async {
+        unpack_layer(store, Box::new(layout.blob(l)?), Expect::layer(l)).await
+    })
+    .await?;
     Ok(Image {
         digest: desc.digest,
         layers,

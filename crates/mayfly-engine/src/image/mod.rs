@@ -23,6 +23,7 @@ mod source;
 mod spec;
 mod store;
 pub mod unpack;
+mod zstd;
 
 use std::io::{BufReader, Read};
 use std::path::PathBuf;
@@ -202,6 +203,44 @@ fn unpack_layer_blocking(
         digest::verify(&format!("{} (uncompressed)", e.name), diff_id, &diff)?;
     }
     staging.commit().map(drop)
+}
+
+impl Expect {
+    /// What a layer blob named by a descriptor must be.
+    pub fn layer(desc: &spec::Descriptor) -> Expect {
+        Expect {
+            key: desc.digest.clone(),
+            size: Some(desc.size),
+            diff_id: None,
+            name: format!("layer {}", desc.digest),
+        }
+    }
+}
+
+/// Brings each layer of a manifest into the store, bottom first, with
+/// `fetch` for the ones not already there, and reports each. Returns the
+/// layer keys.
+pub(crate) async fn fetch_layers<'a, F, Fut>(
+    layers: &'a [spec::Descriptor],
+    store: &LayerStore,
+    progress: Progress<'_>,
+    mut fetch: F,
+) -> Result<Vec<String>, ImageError>
+where
+    F: FnMut(&'a spec::Descriptor) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ImageError>>,
+{
+    let mut keys = Vec::new();
+    for l in layers {
+        digest::check_key(&l.digest)?;
+        let cached = store.contains(&l.digest);
+        if !cached {
+            fetch(l).await?;
+        }
+        layer_done(progress, &l.digest, cached);
+        keys.push(l.digest.clone());
+    }
+    Ok(keys)
 }
 
 /// Reports a layer found in, or added to, the store.

@@ -25,7 +25,7 @@ use super::spec::{
     self, Descriptor, Parsed, DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST,
 };
 use super::{
-    layer_done, unpack_layer, Expect, Image, ImageError, LayerStore, Progress, PullOptions,
+    fetch_layers, unpack_layer, Expect, Image, ImageError, LayerStore, Progress, PullOptions,
     MAX_LAYER_BLOB,
 };
 
@@ -230,16 +230,10 @@ pub(super) async fn fetch(
         )
         .await?;
     let config = spec::parse_config(&config)?;
-    let mut layers = Vec::new();
-    for l in &manifest.layers {
-        check_key(&l.digest)?;
-        let cached = store.contains(&l.digest);
-        if !cached {
-            pull_layer(&puller, store, l, progress).await?;
-        }
-        layer_done(progress, &l.digest, cached);
-        layers.push(l.digest.clone());
-    }
+    let layers = fetch_layers(&manifest.layers, store, progress, |l| {
+        pull_layer(&puller, store, l, progress)
+    })
+    .await?;
     Ok(Image {
         digest,
         layers,
@@ -281,13 +275,7 @@ async fn pull_layer(
         .await?;
     drop(file);
     let file = std::fs::File::open(&tmp.path).map_err(io_err("open"))?;
-    let expect = Expect {
-        key: l.digest.clone(),
-        size: Some(l.size),
-        diff_id: None,
-        name,
-    };
-    unpack_layer(store, Box::new(file), expect).await
+    unpack_layer(store, Box::new(file), Expect::layer(l)).await
 }
 
 #[cfg(test)]

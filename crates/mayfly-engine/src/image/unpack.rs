@@ -35,7 +35,7 @@ pub enum UnpackError {
     },
     #[error("duplicating a directory descriptor failed")]
     Descriptor(#[source] io::Error),
-    #[error("the layer is {0}-compressed, which is not supported (gzip and plain tar are)")]
+    #[error("the layer is {0}-compressed, which is not supported (gzip, zstd and plain tar are)")]
     Compression(&'static str),
 }
 
@@ -52,14 +52,14 @@ fn read_err(source: io::Error) -> UnpackError {
     UnpackError::Read { source }
 }
 
-/// Wraps `input` in the decompressor its first bytes call for: gzip, or
-/// none (plain tar). zstd is recognised and refused.
+/// Wraps `input` in the decompressor its first bytes call for: gzip, zstd,
+/// or none (plain tar). bzip2 and xz are recognised and refused.
 pub fn decompress<'a, R: BufRead + 'a>(mut input: R) -> Result<Box<dyn Read + 'a>, UnpackError> {
     let head = input.fill_buf().map_err(read_err)?;
     if head.starts_with(&[0x1f, 0x8b]) {
         Ok(Box::new(flate2::bufread::MultiGzDecoder::new(input)))
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        Err(UnpackError::Compression("zstd"))
+        Ok(Box::new(super::zstd::ZstdFrames::new(input)))
     } else if head.starts_with(b"BZh") {
         Err(UnpackError::Compression("bzip2"))
     } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z']) {

@@ -153,11 +153,25 @@ fn truncated_and_unsupported_streams_fail_cleanly() {
         unpack_into(&t, dir.path()),
         Err(UnpackError::Read { .. })
     ));
-    let zstd = [0x28u8, 0xb5, 0x2f, 0xfd, 0, 0];
+    let xz = [0xfdu8, b'7', b'z', b'X', b'Z', 0];
     assert!(matches!(
-        decompress(&zstd[..]).err(),
-        Some(UnpackError::Compression("zstd"))
+        decompress(&xz[..]).err(),
+        Some(UnpackError::Compression("xz"))
     ));
+}
+
+#[test]
+fn zstd_layers_unpack() {
+    need_root();
+    let mut t = Vec::new();
+    raw(&mut t, "etc/motd", EntryType::Regular, "", b"zstd", 0);
+    let z = ruzstd::encoding::compress_to_vec(
+        &finish(t)[..],
+        ruzstd::encoding::CompressionLevel::Fastest,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    unpack_into(&z, dir.path()).unwrap();
+    assert_eq!(fs::read(dir.path().join("etc/motd")).unwrap(), b"zstd");
 }
 
 #[test]
