@@ -60,8 +60,8 @@ impl Puller<'_> {
             },
             OciDistributionError::DigestError(d) => ImageError::DigestMismatch {
                 blob: blob.to_owned(),
-                expected: String::new(),
-                actual: d.to_string(),
+                expected: "the digest that names it".to_owned(),
+                actual: format!("other content ({d})"),
             },
             e => ImageError::Registry {
                 reference: self.shown.to_owned(),
