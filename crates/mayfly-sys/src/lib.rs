@@ -10,6 +10,7 @@ pub mod fs;
 pub mod hardening;
 pub mod image;
 pub mod ipc;
+pub mod layer;
 pub mod mount;
 pub mod net;
 pub mod netns;

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::template_build::top_names;
 use super::Engine;
-use crate::image::LayerStore;
+use crate::image::{fetch_image, ImageSource, LayerStore, PullOptions};
 use crate::templates::keys;
 use crate::templates::{BuiltLayer, TemplatesError};
 use crate::EngineError;
@@ -62,13 +62,56 @@ impl Engine {
     pub(super) async fn image_chain(
         &self,
         base: &str,
-        _store: &LayerStore,
-        _req: &BuildRequest,
-        _emit: &(dyn Fn(BuildProgress) + Send + Sync),
+        store: &LayerStore,
+        req: &BuildRequest,
+        emit: &(dyn Fn(BuildProgress) + Send + Sync),
     ) -> Result<super::template_build::Chain, EngineError> {
-        Err(EngineError::Invalid(format!(
-            "base `{base}`: image bases are not supported by this build"
-        )))
+        let src = ImageSource::parse(base)
+            .map_err(TemplatesError::from)?
+            .ok_or_else(|| EngineError::Invalid(format!("base `{base}` is not an image")))?;
+        let opts = PullOptions {
+            auth: req.registry_auth.clone(),
+            ..Default::default()
+        };
+        let image = fetch_image(&src, store, &opts, emit)
+            .await
+            .map_err(TemplatesError::from)?;
+        if image.layers.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "base `{base}`: the image has no layers"
+            )));
+        }
+        let mut layers = Vec::with_capacity(image.layers.len());
+        for key in &image.layers {
+            let tops = top_names(&store.path(key).map_err(TemplatesError::from)?);
+            layers.push(BuiltLayer {
+                key: key.clone(),
+                tops,
+            });
+        }
+        let user = image.config.user.as_deref().and_then(|u| {
+            let uid = u.split(':').next().unwrap_or("");
+            let parsed = uid.parse::<u32>().ok().filter(|u| *u <= 65535);
+            if parsed.is_none() && !uid.is_empty() {
+                tracing::warn!(
+                    user = u,
+                    "the image's user is not a numeric uid; using root"
+                );
+            }
+            parsed
+        });
+        Ok(super::template_build::Chain {
+            parent: keys::base_key(
+                &crate::templates::Base::Image(base.to_owned()),
+                Some(&image.digest),
+            ),
+            layers,
+            cfg: keys::StepConfig {
+                env: image.config.env.into_iter().collect(),
+                workdir: image.config.workdir.filter(|w| w.starts_with('/')),
+                user,
+            },
+        })
     }
 }
 

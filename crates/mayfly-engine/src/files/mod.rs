@@ -31,7 +31,7 @@ mod error;
 mod ops;
 mod path;
 mod remove;
-mod tar_plan;
+pub(crate) mod tar_plan;
 mod upload;
 
 #[cfg(test)]

@@ -211,7 +211,7 @@ pub(super) fn plan(archive: &[u8], limits: &FsLimits) -> Result<Vec<Planned>, Fi
 
 /// Normalises an archive path: relative, no `..`, no NUL, `.` and empty
 /// components dropped. The result is empty for the archive's root (`./`).
-fn entry_path(raw: &[u8]) -> Result<PathBuf, &'static str> {
+pub(crate) fn entry_path(raw: &[u8]) -> Result<PathBuf, &'static str> {
     if raw.is_empty() {
         return Err("its path is empty");
     }
