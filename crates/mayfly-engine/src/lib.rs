@@ -6,6 +6,7 @@
 //! (`runtime::init`), which finishes setup inside the new namespaces.
 
 pub mod api;
+pub mod artifacts;
 pub mod egress;
 mod engine;
 mod error;
@@ -16,6 +17,7 @@ pub mod plan;
 pub mod runtime;
 pub mod template;
 pub mod tenancy;
+pub mod workspace;
 
 pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
 pub use engine::Admission;

@@ -126,13 +126,17 @@ impl Engine {
     ) -> Result<SandboxInfo, EngineError> {
         let t0 = Instant::now();
         let boot = self.check_create(req, caller)?;
-        if let Some(info) = self.claim_from_pool(&boot, caller, t0).await? {
-            return Ok(info);
-        }
-        // The daemon's cap and the tenant's quotas; given back on any failure.
-        let admission = self.admit(caller, &boot.limits)?;
-        let _fg = self.foreground();
-        self.boot(boot, admission, caller, t0).await
+        let (artifacts, workspace) = (boot.artifacts.clone(), boot.workspace.clone());
+        let info = match self.claim_from_pool(&boot, caller, t0).await? {
+            Some(info) => info,
+            None => {
+                // The daemon's cap and the tenant's quotas; given back on any failure.
+                let admission = self.admit(caller, &boot.limits)?;
+                let _fg = self.foreground();
+                self.boot(boot, admission, caller, t0).await?
+            }
+        };
+        self.finish_create(info, artifacts, workspace, caller).await
     }
 
     /// Validates a create request into what to boot.
@@ -169,6 +173,10 @@ impl Engine {
         check_env(&req.env)?;
         check_labels(&req.labels)?;
         let egress = self.egress_for(req.egress, &template)?;
+        crate::artifacts::check_artifact_paths(&req.artifacts)?;
+        if let Some(ws) = &req.workspace {
+            crate::workspace::check_workspace(ws)?;
+        }
         Ok(Boot {
             template,
             limits,
@@ -179,6 +187,8 @@ impl Engine {
             tenant: Some(caller.tenant.clone()),
             pool: None,
             egress,
+            artifacts: req.artifacts,
+            workspace: req.workspace,
         })
     }
 
@@ -205,6 +215,8 @@ impl Engine {
             tenant,
             pool,
             egress,
+            artifacts: _,
+            workspace: _,
         } = boot;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the

@@ -2,6 +2,7 @@
 //! implements [`SandboxApi`](crate::SandboxApi). One verb per file.
 
 mod api_impl;
+pub(crate) mod artifacts;
 mod config;
 mod create;
 mod destroy;
@@ -24,6 +25,7 @@ mod spec;
 mod stubs;
 mod tenants;
 mod usage;
+mod workspace;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -203,6 +205,9 @@ impl Engine {
             egress_unavailable: std::sync::Mutex::new(None),
         };
         inner.recovery = recovery::reconcile(&inner);
+        if inner._lock.is_some() {
+            artifacts::start_sweep(&inner.cfg);
+        }
         Ok(Engine {
             inner: Arc::new(inner),
         })
@@ -227,6 +232,15 @@ impl Engine {
             }
         }
         self.start_refill();
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                Engine { inner }.enforce_retention().await;
+            }
+        });
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));

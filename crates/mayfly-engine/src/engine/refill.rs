@@ -90,6 +90,8 @@ impl Engine {
                             } else {
                                 Default::default()
                             },
+                            artifacts: Vec::new(),
+                            workspace: None,
                         },
                     ));
                 }

@@ -68,6 +68,13 @@ pub(crate) struct Sandbox {
     pub net: Mutex<Option<crate::egress::Prepared>>,
     /// Its live egress state (policy, connections), shared with the proxy.
     pub egress: OnceLock<Arc<crate::egress::Attached>>,
+    /// Paths collected before teardown (`collect_artifacts`); a template
+    /// may extend the list.
+    pub artifacts: Mutex<Vec<String>>,
+    /// Where the git workspace started, when the create asked for one.
+    pub workspace: Mutex<Option<super::artifacts::WorkspaceStart>>,
+    /// Held while artifacts are collected; true once they have been.
+    pub collected: tokio::sync::Mutex<bool>,
 }
 
 impl Sandbox {
@@ -113,6 +120,9 @@ impl Sandbox {
             record: Arc::new(tokio::sync::RwLock::new(())),
             net: Mutex::new(None),
             egress: OnceLock::new(),
+            artifacts: Mutex::new(Vec::new()),
+            workspace: Mutex::new(None),
+            collected: tokio::sync::Mutex::new(false),
         }
     }
 

@@ -23,6 +23,10 @@ pub(crate) struct Boot {
     /// The pool this sandbox is booted for.
     pub pool: Option<String>,
     pub egress: mayfly_types::EgressPolicy,
+    /// Paths collected before teardown (a template prepends its own).
+    pub artifacts: Vec<String>,
+    /// A git checkout into `/workspace`, made once the sandbox is up.
+    pub workspace: Option<mayfly_types::GitWorkspace>,
 }
 
 /// A `dir:` template must be a directory.
