@@ -48,6 +48,10 @@ impl Engine {
             return;
         }
         *done = true;
+        // A pool's unclaimed sandbox ran nothing; a dead one cannot be read.
+        if sb.is_pooled() || sb.conn.is_closed() {
+            return;
+        }
         let paths = sb
             .artifacts
             .lock()
@@ -67,9 +71,6 @@ impl Engine {
             })
         });
         if paths.is_empty() && ws.is_none() {
-            return;
-        }
-        if sb.is_pooled() || sb.conn.is_closed() {
             return;
         }
         let t0 = Instant::now();
