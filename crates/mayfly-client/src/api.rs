@@ -302,6 +302,22 @@ impl Client {
         self.bytes(Method::GET, &p).await
     }
 
+    /// `GET …/artifacts`: the sandbox's collected artifacts (empty until
+    /// its destroy collected them; answered after it is gone).
+    pub async fn list_artifacts(
+        &self,
+        id: &SandboxId,
+    ) -> Result<mayfly_types::ArtifactList, ClientError> {
+        let p = format!("{}/artifacts", sandbox(id));
+        self.json(Method::GET, &p, Body::Empty).await
+    }
+
+    /// `GET …/artifacts/{name}`: one artifact's bytes.
+    pub async fn get_artifact(&self, id: &SandboxId, name: &str) -> Result<Bytes, ClientError> {
+        let p = format!("{}/artifacts/{}", sandbox(id), encode(name));
+        self.bytes(Method::GET, &p).await
+    }
+
     /// `GET /v1/events?since=N&limit=M`: lifecycle events after `since`.
     pub async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, ClientError> {
         let p = format!("/v1/events?since={since}&limit={limit}");

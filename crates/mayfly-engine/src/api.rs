@@ -151,6 +151,25 @@ pub trait SandboxApi: Send + Sync + 'static {
     async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError>;
 
     /// Lifecycle events with a sequence number above `since`.
+    /// The manifest of a sandbox's collected artifacts (empty until its
+    /// destroy collected them); answers after the sandbox is gone.
+    async fn list_artifacts(
+        &self,
+        id: &SandboxId,
+    ) -> Result<mayfly_types::ArtifactList, EngineError> {
+        Err(EngineError::NoSuchSandbox(id.clone()))
+    }
+
+    /// One complete artifact, opened for streaming.
+    async fn open_artifact(
+        &self,
+        id: &SandboxId,
+        name: &str,
+    ) -> Result<(mayfly_types::ArtifactInfo, std::fs::File), EngineError> {
+        let _ = name;
+        Err(EngineError::NoSuchSandbox(id.clone()))
+    }
+
     async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, EngineError>;
     /// The exec audit trail of one sandbox.
     async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, EngineError>;

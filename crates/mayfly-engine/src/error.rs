@@ -14,6 +14,8 @@ pub enum EngineError {
     Invalid(String),
     #[error("sandbox {0} does not exist")]
     NoSuchSandbox(SandboxId),
+    #[error("sandbox {id} has no artifact `{name}`")]
+    NoSuchArtifact { id: SandboxId, name: String },
     #[error("there is no pool `{0}`")]
     NoSuchPool(String),
     /// The caller may not do this (an admin's operation).
@@ -61,7 +63,8 @@ impl EngineError {
             EngineError::Forbidden(_) => ErrorCode::PermissionDenied,
             EngineError::NoSuchSandbox(_)
             | EngineError::NoSuchPool(_)
-            | EngineError::NoSuchProcess { .. } => ErrorCode::NotFound,
+            | EngineError::NoSuchProcess { .. }
+            | EngineError::NoSuchArtifact { .. } => ErrorCode::NotFound,
             EngineError::NotReady { .. } | EngineError::Conflict(_) => ErrorCode::Conflict,
             EngineError::Unavailable(_) => ErrorCode::Unavailable,
             EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,

@@ -6,6 +6,7 @@
 //! (`runtime::init`), which finishes setup inside the new namespaces.
 
 pub mod api;
+pub mod artifacts;
 pub mod egress;
 mod engine;
 mod error;
@@ -18,6 +19,7 @@ pub mod runtime;
 pub mod template;
 pub mod templates;
 pub mod tenancy;
+pub mod workspace;
 
 pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
 pub use engine::Admission;

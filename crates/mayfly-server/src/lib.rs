@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use mayfly_engine::SandboxApi;
 
+mod artifacts;
 mod auth;
 mod egress;
 mod error;

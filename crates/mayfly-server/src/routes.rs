@@ -119,6 +119,16 @@ fn table() -> Routes {
         )
         .add(Method::PUT, ARCHIVE, put(upload_archive))
         .add(Method::GET, ARCHIVE, get(download_archive))
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/artifacts",
+            get(crate::artifacts::list_artifacts),
+        )
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/artifacts/{name}",
+            get(crate::artifacts::get_artifact),
+        )
         .add(Method::GET, "/v1/events", get(list_events))
         .add(Method::GET, "/v1/sandboxes/{id}/audit", get(list_audit))
         .add(Method::GET, "/v1/pools", get(list_pools))

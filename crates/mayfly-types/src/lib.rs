@@ -3,6 +3,7 @@
 //! This crate performs no I/O. Everything here is plain data plus validation,
 //! so it can be used by the daemon, the client, the CLI and the tests alike.
 
+mod artifact;
 mod bytes;
 mod egress;
 mod error;
@@ -19,6 +20,7 @@ mod template;
 mod tenant;
 mod usage;
 
+pub use artifact::{ArtifactInfo, ArtifactList, ArtifactStatus, WorkspaceResult};
 pub use bytes::Bytes64;
 pub use egress::{
     masked, EgressEntry, EgressError, EgressMode, EgressPolicy, PortRange,

@@ -85,6 +85,9 @@ pub enum Command {
     /// Show spin-up percentiles, exec counts and iterations per
     /// five-minute window, by `task` label.
     Stats(StatsArgs),
+    /// List or download a sandbox's collected artifacts (also after it is destroyed).
+    #[command(subcommand)]
+    Artifacts(crate::cmd_artifacts::ArtifactsCmd),
     /// Copy files between the host and a sandbox (`ID:PATH` names the sandbox side).
     Cp(CpArgs),
     /// Manage warm pools of booted sandboxes.
@@ -194,6 +197,20 @@ pub struct ServeArgs {
     /// upstream connection pool.
     #[arg(long, default_value_t = 1)]
     pub gateway_threads: usize,
+    /// Collected artifacts older than this are removed (e.g. 7d, 12h).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub artifact_max_age: std::time::Duration,
+    /// The most bytes all collected artifacts may hold; the oldest
+    /// sandboxes' go first (e.g. 10GiB, 500m).
+    #[arg(long, default_value = "10GiB", value_parser = parse_size)]
+    pub artifact_max_bytes: u64,
+    /// The most bytes one artifact may store; a larger one is recorded as
+    /// skipped.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub artifact_max_file_bytes: u64,
+    /// The most bytes one sandbox's artifacts may store together.
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
+    pub artifact_max_sandbox_bytes: u64,
 }
 
 /// What the daemon does with live sandboxes when asked to stop.
@@ -262,6 +279,20 @@ pub struct SpecArgs {
     pub labels: Vec<(String, String)>,
     #[command(flatten)]
     pub egress: EgressArgs,
+    /// A path inside the sandbox collected before it is destroyed
+    /// (a file, or a directory as a tar); repeatable.
+    #[arg(long = "artifact")]
+    pub artifacts: Vec<String>,
+    /// Check this repository (absolute path or file://, http(s)://, git://
+    /// URL) out into /workspace.
+    #[arg(long = "git")]
+    pub git: Option<String>,
+    /// The branch, tag or commit to start from (the remote's HEAD when absent).
+    #[arg(long = "git-ref", requires = "git")]
+    pub git_ref: Option<String>,
+    /// A task branch created at the starting commit.
+    #[arg(long = "git-branch", requires = "git")]
+    pub git_branch: Option<String>,
 }
 
 impl SpecArgs {
@@ -283,6 +314,12 @@ impl SpecArgs {
             env: self.env.iter().cloned().collect(),
             labels: self.labels.iter().cloned().collect(),
             egress: self.egress.policy()?,
+            artifacts: self.artifacts.clone(),
+            workspace: self.git.as_ref().map(|repo| mayfly_types::GitWorkspace {
+                repo: repo.clone(),
+                git_ref: self.git_ref.clone(),
+                branch: self.git_branch.clone(),
+            }),
             ..CreateRequest::default()
         })
     }

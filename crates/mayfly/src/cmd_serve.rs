@@ -18,6 +18,14 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         pools: a.pools.clone(),
         scratch_dir: a.scratch.clone(),
         template_egress: template_egress(&a.template_egress)?,
+        artifact_retention: mayfly_engine::artifacts::Retention {
+            max_age: a.artifact_max_age,
+            max_bytes: a.artifact_max_bytes,
+        },
+        artifact_caps: mayfly_engine::artifacts::Caps {
+            per_artifact: a.artifact_max_file_bytes,
+            per_sandbox: a.artifact_max_sandbox_bytes,
+        },
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;

@@ -5,6 +5,7 @@
 
 mod cli;
 mod cmd_admin;
+mod cmd_artifacts;
 mod cmd_cp;
 mod cmd_gateway;
 mod cmd_park;
@@ -104,6 +105,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Command::Top(ref a) => cmd_top::top(&cli, a).await,
             Command::Stats(ref a) => cmd_stats::stats(&cli, a).await,
             Command::Cp(ref a) => cmd_cp::cp(&cli, a).await,
+            Command::Artifacts(ref c) => cmd_artifacts::artifacts(&cli, c).await,
             Command::Pool(ref c) => cmd_pool::pool(&cli, c).await,
             Command::Template(ref c) => cmd_template::template(&cli, c).await,
             Command::Tenant(ref c) => cmd_admin::tenant(&cli, c).await,

@@ -26,6 +26,12 @@ impl Engine {
     /// The sandbox's file view, opened on first use through init's root.
     fn fs(&self, id: &SandboxId) -> Result<Arc<SandboxFs>, EngineError> {
         let sb = self.lookup(id)?;
+        Self::fs_of(&sb)
+    }
+
+    /// [`Engine::fs`] of a sandbox already looked up.
+    pub(crate) fn fs_of(sb: &Sandbox) -> Result<Arc<SandboxFs>, EngineError> {
+        let id = &sb.id;
         if let Some(fs) = sb.fs.get() {
             return Ok(fs.clone());
         }
@@ -53,7 +59,7 @@ impl Engine {
             .map_err(EngineError::from)
     }
 
-    async fn run_exec(
+    pub(crate) async fn run_exec(
         &self,
         sb: &Arc<Sandbox>,
         req: ExecRequest,
@@ -164,6 +170,9 @@ impl SandboxApi for Engine {
             Ok(sb) => {
                 sb.settled().await;
                 tracing::debug!(%id, caller = %caller.name, "destroy");
+                if !sb.is_stopping() {
+                    self.collect_artifacts(&sb).await;
+                }
                 // Answer once the sandbox is dead (its init and every process
                 // in it are SIGKILLed); cleanup finishes in the background.
                 if self.stop_sandbox(&sb, "user") {
@@ -322,6 +331,21 @@ impl SandboxApi for Engine {
         let path = path.to_owned();
         self.with_fs(id, move |fs| fs.download_tar(&path).map(Bytes::from))
             .await
+    }
+
+    async fn list_artifacts(
+        &self,
+        id: &SandboxId,
+    ) -> Result<mayfly_types::ArtifactList, EngineError> {
+        Engine::list_artifacts(self, id).await
+    }
+
+    async fn open_artifact(
+        &self,
+        id: &SandboxId,
+        name: &str,
+    ) -> Result<(mayfly_types::ArtifactInfo, std::fs::File), EngineError> {
+        Engine::open_artifact(self, id, name).await
     }
 
     async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, EngineError> {

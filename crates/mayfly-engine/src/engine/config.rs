@@ -54,6 +54,10 @@ pub struct EngineConfig {
     pub scratch_dir: Option<PathBuf>,
     /// The egress policy of a create that names none, per template.
     pub template_egress: Vec<(mayfly_types::TemplateRef, mayfly_types::EgressPolicy)>,
+    /// How long and how much collected artifacts are kept.
+    pub artifact_retention: crate::artifacts::Retention,
+    /// Size caps of one sandbox's artifact collection.
+    pub artifact_caps: crate::artifacts::Caps,
 }
 
 /// The host-wide directory of spare namespaces for daemonless runs.
@@ -81,6 +85,8 @@ impl Default for EngineConfig {
             pools: Vec::new(),
             scratch_dir: None,
             template_egress: Vec::new(),
+            artifact_retention: Default::default(),
+            artifact_caps: Default::default(),
         }
     }
 }
@@ -115,6 +121,17 @@ impl EngineConfig {
     /// those of another live daemon or `mayfly run`.
     pub fn stubs_dir(&self) -> PathBuf {
         self.state_dir.join("stubs")
+    }
+
+    /// `<state>/artifacts`: collected artifacts, one directory per sandbox.
+    pub fn artifacts_dir(&self) -> PathBuf {
+        self.state_dir.join("artifacts")
+    }
+
+    /// `<state>/git-cache`: bare mirrors of workspace repositories, and
+    /// (in `tmp/`) checkouts on their way into a sandbox.
+    pub fn git_cache_dir(&self) -> PathBuf {
+        self.state_dir.join("git-cache")
     }
 
     pub fn trash_dir(&self) -> PathBuf {

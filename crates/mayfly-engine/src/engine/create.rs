@@ -126,13 +126,17 @@ impl Engine {
     ) -> Result<SandboxInfo, EngineError> {
         let t0 = Instant::now();
         let boot = self.check_create(req, None, caller)?;
-        if let Some(info) = self.claim_from_pool(&boot, caller, t0).await? {
-            return Ok(info);
-        }
-        // The daemon's cap and the tenant's quotas; given back on any failure.
-        let admission = self.admit(caller, &boot.limits)?;
-        let _fg = self.foreground();
-        self.boot(boot, admission, caller, t0).await
+        let (artifacts, workspace) = (boot.artifacts.clone(), boot.workspace.clone());
+        let info = match self.claim_from_pool(&boot, caller, t0).await? {
+            Some(info) => info,
+            None => {
+                // The daemon's cap and the tenant's quotas; given back on any failure.
+                let admission = self.admit(caller, &boot.limits)?;
+                let _fg = self.foreground();
+                self.boot(boot, admission, caller, t0).await?
+            }
+        };
+        self.finish_create(info, artifacts, workspace, caller).await
     }
 
     /// A cold create of an already resolved template (a build sandbox).
@@ -195,6 +199,13 @@ impl Engine {
         )?;
         let mut env = resolved.env.clone();
         env.extend(req.env);
+        // The template's artifact paths, then the request's.
+        let mut artifacts: Vec<String> = tspec.map(|s| s.artifacts.clone()).unwrap_or_default();
+        artifacts.extend(req.artifacts);
+        crate::artifacts::check_artifact_paths(&artifacts)?;
+        if let Some(ws) = &req.workspace {
+            crate::workspace::check_workspace(ws)?;
+        }
         Ok(Boot {
             template,
             limits,
@@ -206,6 +217,8 @@ impl Engine {
             pool: None,
             egress,
             resolved,
+            artifacts,
+            workspace: req.workspace,
         })
     }
 
@@ -248,6 +261,8 @@ impl Engine {
             pool,
             egress,
             resolved,
+            artifacts: _,
+            workspace: _,
         } = boot;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the

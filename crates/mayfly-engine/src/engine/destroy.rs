@@ -25,6 +25,10 @@ impl Engine {
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
         sb.settled().await;
+        if !sb.is_stopping() {
+            // While the sandbox still runs (hooks before removal go first).
+            self.collect_artifacts(&sb).await;
+        }
         if !self.stop_sandbox(&sb, reason) {
             let notified = sb.destroyed.notified();
             if !sb.done.load(Ordering::SeqCst) {

@@ -2,6 +2,7 @@
 //! implements [`SandboxApi`](crate::SandboxApi). One verb per file.
 
 mod api_impl;
+pub(crate) mod artifacts;
 mod config;
 mod create;
 mod destroy;
@@ -27,6 +28,7 @@ mod template_steps;
 mod templates;
 mod tenants;
 mod usage;
+mod workspace;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -210,6 +212,9 @@ impl Engine {
             templates: Default::default(),
         };
         inner.recovery = recovery::reconcile(&inner);
+        if inner._lock.is_some() {
+            artifacts::start_sweep(&inner.cfg);
+        }
         Ok(Engine {
             inner: Arc::new(inner),
         })
@@ -234,6 +239,15 @@ impl Engine {
             }
         }
         self.start_refill();
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                Engine { inner }.enforce_retention().await;
+            }
+        });
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));

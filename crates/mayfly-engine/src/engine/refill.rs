@@ -91,6 +91,8 @@ impl Engine {
                             } else {
                                 Default::default()
                             },
+                            artifacts: Vec::new(),
+                            workspace: None,
                         },
                     ));
                 }

@@ -70,6 +70,13 @@ pub(crate) struct Sandbox {
     pub egress: OnceLock<Arc<crate::egress::Attached>>,
     /// The template's working directory and user for commands that name none.
     pub exec_defaults: OnceLock<ExecDefaults>,
+    /// Paths collected before teardown (`collect_artifacts`); a template
+    /// may extend the list.
+    pub artifacts: Mutex<Vec<String>>,
+    /// Where the git workspace started, when the create asked for one.
+    pub workspace: Mutex<Option<super::artifacts::WorkspaceStart>>,
+    /// Held while artifacts are collected; true once they have been.
+    pub collected: tokio::sync::Mutex<bool>,
 }
 
 /// A command's working directory and uid when its request names none.
@@ -123,6 +130,9 @@ impl Sandbox {
             net: Mutex::new(None),
             egress: OnceLock::new(),
             exec_defaults: OnceLock::new(),
+            artifacts: Mutex::new(Vec::new()),
+            workspace: Mutex::new(None),
+            collected: tokio::sync::Mutex::new(false),
         }
     }
 

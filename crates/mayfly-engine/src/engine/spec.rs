@@ -25,6 +25,10 @@ pub(crate) struct Boot {
     pub egress: mayfly_types::EgressPolicy,
     /// What the template stands for (layers, defaults, lifecycle).
     pub resolved: std::sync::Arc<crate::templates::Resolved>,
+    /// Paths collected before teardown (a template prepends its own).
+    pub artifacts: Vec<String>,
+    /// A git checkout into `/workspace`, made once the sandbox is up.
+    pub workspace: Option<mayfly_types::GitWorkspace>,
 }
 
 /// A `dir:` template must be a directory.

@@ -8,7 +8,7 @@
 //! cut, so each header's size always matches its data.
 
 use std::ffi::OsString;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,17 @@ use super::path::SandboxPath;
 use super::{FilesError, SandboxFs};
 
 pub(super) fn download(fs: &SandboxFs, p: &SandboxPath) -> Result<Vec<u8>, FilesError> {
+    download_to(fs, p, Vec::new(), fs.limits)
+}
+
+/// Packs `p` into `out` under `limits` (the artifact collector streams to a
+/// host file under its own caps) and returns the writer.
+pub(super) fn download_to<W: Write>(
+    fs: &SandboxFs,
+    p: &SandboxPath,
+    out: W,
+    limits: super::FsLimits,
+) -> Result<W, FilesError> {
     let top = fs.handle(p, Resolve::InRootNoFollow)?;
     let st = sysfs::stat_fd(&top, &p.rel()).map_err(|e| FilesError::fs(p, e))?;
     let parent_shown = match p.split() {
@@ -31,7 +42,8 @@ pub(super) fn download(fs: &SandboxFs, p: &SandboxPath) -> Result<Vec<u8>, Files
     };
     let mut packer = Packer {
         fs,
-        builder: Builder::new(Vec::new()),
+        limits,
+        builder: Builder::new(out),
         entries: 0,
         bytes: 0,
         parent_shown,
@@ -62,9 +74,10 @@ pub(super) fn download(fs: &SandboxFs, p: &SandboxPath) -> Result<Vec<u8>, Files
         .map_err(|e| FilesError::data(p, e))
 }
 
-struct Packer<'a> {
+struct Packer<'a, W: Write> {
     fs: &'a SandboxFs,
-    builder: Builder<Vec<u8>>,
+    limits: super::FsLimits,
+    builder: Builder<W>,
     entries: u64,
     bytes: u64,
     /// The inside path of the packed object's parent, for error messages.
@@ -79,14 +92,14 @@ struct Level {
     pending: Vec<DirEntry>,
 }
 
-impl Packer<'_> {
+impl<W: Write> Packer<'_, W> {
     fn shown(&self, rel: &Path) -> String {
         format!("{}/{}", self.parent_shown, rel.display())
     }
 
     fn count(&mut self) -> Result<(), FilesError> {
         self.entries += 1;
-        let limit = self.fs.limits.max_entries;
+        let limit = self.limits.max_entries;
         if self.entries > limit {
             return Err(FilesError::ArchiveTooManyEntries { limit });
         }
@@ -129,7 +142,7 @@ impl Packer<'_> {
                         continue;
                     };
                     let fd = fd?;
-                    let max_depth = self.fs.limits.max_depth;
+                    let max_depth = self.limits.max_depth;
                     if stack.len() >= max_depth {
                         return Err(FilesError::TooDeep {
                             path: self.shown(&path),
@@ -149,7 +162,7 @@ impl Packer<'_> {
 
     /// The names in `dir`, within what is left of the entry budget.
     fn list(&self, dir: BorrowedFd<'_>, path: &Path) -> Result<Vec<DirEntry>, FilesError> {
-        let limit = self.fs.limits.max_entries;
+        let limit = self.limits.max_entries;
         let left = usize::try_from(limit.saturating_sub(self.entries)).unwrap_or(usize::MAX);
         let listing =
             sysfs::list_dir(dir, left, path).map_err(|e| FilesError::fs(self.shown(path), e))?;
@@ -221,7 +234,7 @@ impl Packer<'_> {
         if st.kind != Kind::File {
             return Ok(());
         }
-        let limits = self.fs.limits;
+        let limits = self.limits;
         if st.size > limits.max_file_bytes {
             return Err(FilesError::TooLarge {
                 path: shown,

@@ -180,6 +180,31 @@ impl SandboxFs {
         download::download(self, &SandboxPath::parse(path)?)
     }
 
+    /// [`SandboxFs::download_tar`] into `out`, under `limits` instead of
+    /// this view's.
+    pub fn download_tar_to<W: std::io::Write>(
+        &self,
+        path: &str,
+        out: W,
+        limits: FsLimits,
+    ) -> Result<W, FilesError> {
+        download::download_to(self, &SandboxPath::parse(path)?, out, limits)
+    }
+
+    /// Copies the regular file at `path` into `out`, at most `max_bytes`
+    /// (a larger file fails with `TooLarge` before a byte is copied, and one
+    /// that grows meanwhile is cut at the cap). A symlink in the final
+    /// component is refused, never followed; earlier components resolve
+    /// inside the sandbox. Returns the bytes copied.
+    pub fn copy_file_to(
+        &self,
+        path: &str,
+        out: &mut dyn std::io::Write,
+        max_bytes: u64,
+    ) -> Result<u64, FilesError> {
+        ops::copy_file_to(self, &SandboxPath::parse(path)?, out, max_bytes)
+    }
+
     /// An `O_PATH` handle of `p`, refused on kernel interface filesystems.
     fn handle(&self, p: &SandboxPath, resolve: Resolve) -> Result<OwnedFd, FilesError> {
         let fd = sysfs::open(&self.root, &p.rel(), Access::Handle, resolve)

@@ -10,6 +10,31 @@ use mayfly_types::FileStat;
 use super::path::SandboxPath;
 use super::{clean_mode, temp_name, FilesError, SandboxFs};
 
+pub(super) fn copy_file_to(
+    fs: &SandboxFs,
+    p: &SandboxPath,
+    out: &mut dyn std::io::Write,
+    max_bytes: u64,
+) -> Result<u64, FilesError> {
+    let handle = fs.handle(p, Resolve::InRootNoFollow)?;
+    let st = sysfs::stat_fd(&handle, &p.rel()).map_err(|e| FilesError::fs(p, e))?;
+    if st.kind != Kind::File {
+        return Err(FilesError::NotRegularFile {
+            path: p.to_string(),
+        });
+    }
+    if st.size > max_bytes {
+        return Err(FilesError::TooLarge {
+            path: p.to_string(),
+            size: st.size,
+            limit: max_bytes,
+        });
+    }
+    let file =
+        sysfs::open_regular_for_read(handle.as_fd(), &p.rel()).map_err(|e| FilesError::fs(p, e))?;
+    std::io::copy(&mut file.take(max_bytes), out).map_err(|e| FilesError::data(p, e))
+}
+
 pub(super) fn read(fs: &SandboxFs, p: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, FilesError> {
     let handle = fs.handle(p, Resolve::InRoot)?;
     let st = sysfs::stat_fd(&handle, &p.rel()).map_err(|e| FilesError::fs(p, e))?;
