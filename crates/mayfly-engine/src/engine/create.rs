@@ -169,6 +169,9 @@ impl Engine {
         check_env(&req.env)?;
         check_labels(&req.labels)?;
         let egress = self.egress_for(req.egress, &template)?;
+        // A named template's lifecycle joins here, first:
+        // `Lifecycle::with_template(template_lifecycle, lifecycle)`.
+        let lifecycle = super::lifecycle::lifecycle_of(req.services, req.hooks, req.secrets)?;
         Ok(Boot {
             template,
             limits,
@@ -179,6 +182,7 @@ impl Engine {
             tenant: Some(caller.tenant.clone()),
             pool: None,
             egress,
+            lifecycle: Arc::new(lifecycle),
         })
     }
 
@@ -205,6 +209,7 @@ impl Engine {
             tenant,
             pool,
             egress,
+            lifecycle,
         } = boot;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the
@@ -350,6 +355,7 @@ impl Engine {
         ));
         sb.idle_ms
             .store(idle_secs * 1000, std::sync::atomic::Ordering::Relaxed);
+        sb.set_lifecycle(lifecycle);
         if let Some((prepared, attached)) = net {
             let _ = sb.egress.set(attached);
             *sb.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(prepared);
@@ -361,12 +367,15 @@ impl Engine {
             .insert(id.clone(), sb.clone());
         admission.commit(&id);
         // When init's channel closes without a destroy, the sandbox died.
-        let engine = self.clone();
+        let (engine, sb2) = (self.clone(), sb.clone());
         tokio::spawn(async move {
             conn.run_reader().await;
-            engine.init_died(sb).await;
+            engine.init_died(sb2).await;
         });
         let t_up = t0.elapsed();
+        // Services ready and after_create hooks passed before the sandbox
+        // is handed out or pooled; a failure has destroyed it.
+        self.start_lifecycle(&sb, caller).await?;
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
         inner.store.mark_ready(
             &id,

@@ -25,6 +25,14 @@ impl Engine {
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
         sb.settled().await;
+        // First, while the sandbox still runs (unless init is gone or its
+        // create failed): its `before_remove` hooks, which never block.
+        if reason != super::lifecycle::CREATE_FAILED {
+            let caller = crate::api::Caller::new(format!("mayfly:{reason}"));
+            self.before_remove(&sb, &caller).await;
+        }
+        // Artifacts are collected here, after the before_remove hooks and
+        // before the sandbox is stopped.
         if !self.stop_sandbox(&sb, reason) {
             let notified = sb.destroyed.notified();
             if !sb.done.load(Ordering::SeqCst) {
@@ -228,7 +236,10 @@ pub(crate) fn record_end(
     cgroup_ok: bool,
     destroy_ms: Option<f64>,
 ) -> Result<(), EngineError> {
-    let (state, why) = if cgroup_ok {
+    let (state, why) = if reason == super::lifecycle::CREATE_FAILED {
+        // A create whose services or after_create hooks failed.
+        (SandboxState::Failed, reason.to_owned())
+    } else if cgroup_ok {
         (SandboxState::Destroyed, reason.to_owned())
     } else {
         (

@@ -135,6 +135,9 @@ impl Engine {
                         p.network == (boot.egress.mode != mayfly_types::EgressMode::None)
                             && p.template == boot.template
                             && p.limits == boot.limits
+                            // A pool's sandboxes were booted without a
+                            // create's own services, hooks or secrets.
+                            && boot.lifecycle.is_empty()
                     })
                     .peekable();
                 if fits.peek().is_none() {

@@ -90,6 +90,9 @@ impl Engine {
                             } else {
                                 Default::default()
                             },
+                            // A template's services will be booted here, so
+                            // a pooled sandbox is ready before it is pooled.
+                            lifecycle: Default::default(),
                         },
                     ));
                 }

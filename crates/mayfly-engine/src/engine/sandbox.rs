@@ -68,6 +68,14 @@ pub(crate) struct Sandbox {
     pub net: Mutex<Option<crate::egress::Prepared>>,
     /// Its live egress state (policy, connections), shared with the proxy.
     pub egress: OnceLock<Arc<crate::egress::Attached>>,
+    /// Its services, hooks and create-time secrets (set once at boot).
+    lifecycle: OnceLock<Arc<super::Lifecycle>>,
+    /// Its services as they run.
+    pub services: Mutex<Vec<Arc<super::lifecycle::services::Service>>>,
+    /// The uid its create-time file secrets belong to now.
+    pub secret_owner: Mutex<Option<u32>>,
+    /// Set by the first removal that runs the `before_remove` hooks.
+    pub removing: AtomicBool,
 }
 
 impl Sandbox {
@@ -113,7 +121,20 @@ impl Sandbox {
             record: Arc::new(tokio::sync::RwLock::new(())),
             net: Mutex::new(None),
             egress: OnceLock::new(),
+            lifecycle: OnceLock::new(),
+            services: Mutex::new(Vec::new()),
+            secret_owner: Mutex::new(None),
+            removing: AtomicBool::new(false),
         }
+    }
+
+    /// Its services, hooks and secrets; empty until boot sets them.
+    pub fn lifecycle(&self) -> Arc<super::Lifecycle> {
+        self.lifecycle.get().cloned().unwrap_or_default()
+    }
+
+    pub fn set_lifecycle(&self, l: Arc<super::Lifecycle>) {
+        let _ = self.lifecycle.set(l);
     }
 
     pub fn is_stopping(&self) -> bool {

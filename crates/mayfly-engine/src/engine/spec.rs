@@ -23,6 +23,8 @@ pub(crate) struct Boot {
     /// The pool this sandbox is booted for.
     pub pool: Option<String>,
     pub egress: mayfly_types::EgressPolicy,
+    /// Services, hooks and secrets (the template's, then the request's).
+    pub lifecycle: std::sync::Arc<super::Lifecycle>,
 }
 
 /// A `dir:` template must be a directory.
