@@ -35,6 +35,9 @@ pub(crate) struct CommandSpec {
     pub gid: Option<u32>,
     /// This command's own secrets (an exec's), on top of the sandbox's.
     pub secrets: Vec<mayfly_types::Secret>,
+    /// A helper of the engine's own (one that writes secret files): gets
+    /// no secrets.
+    pub no_secrets: bool,
 }
 
 impl CommandSpec {
@@ -60,6 +63,7 @@ impl CommandSpec {
             uid,
             gid,
             secrets: Vec::new(),
+            no_secrets: false,
         };
         spec.validate()?;
         Ok(spec)
@@ -187,9 +191,9 @@ impl Engine {
         env.extend(spec.env.clone());
         let uid = spec.uid.unwrap_or(0);
         let life = sb.lifecycle();
-        if !life.secrets.is_empty() || !spec.secrets.is_empty() {
+        if !spec.no_secrets && (!life.secrets.is_empty() || !spec.secrets.is_empty()) {
             // Secrets go last: what a secret names is what the command sees.
-            self.write_secret_files(sb, &spec.secrets, uid).await?;
+            Box::pin(self.write_secret_files(sb, &spec.secrets, uid)).await?;
             env.extend(super::lifecycle::secrets::secret_env(&life.secrets));
             env.extend(super::lifecycle::secrets::secret_env(&spec.secrets));
         }

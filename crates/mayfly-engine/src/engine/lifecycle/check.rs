@@ -117,12 +117,12 @@ fn check_service(s: &ServiceSpec) -> Result<(), EngineError> {
     match &s.ready {
         Some(Probe::Exec(argv)) => check_command(&format!("{what} probe"), argv)?,
         Some(Probe::Tcp(0)) => return Err(invalid(format!("{what}: probe port 0 is invalid"))),
-        Some(Probe::Http(h)) => {
-            if h.port == 0 || !h.path.starts_with('/') || h.path.bytes().any(|b| b <= b' ') {
-                return Err(invalid(format!(
-                    "{what}: the http probe needs a port and a path starting with `/`"
-                )));
-            }
+        Some(Probe::Http(h))
+            if h.port == 0 || !h.path.starts_with('/') || h.path.bytes().any(|b| b <= b' ') =>
+        {
+            return Err(invalid(format!(
+                "{what}: the http probe needs a port and a path starting with `/`"
+            )));
         }
         _ => {}
     }

@@ -13,7 +13,6 @@ pub(crate) mod services;
 use mayfly_types::{Hooks, Secret, ServiceSpec};
 
 pub(crate) use check::check_secrets;
-use check::SECRETS_DIR;
 
 /// Why a lifecycle step failed. Messages never carry a secret's value: any
 /// output quoted is redacted first.
