@@ -187,6 +187,15 @@ impl Client {
         self.json(Method::GET, &path, Body::Empty).await
     }
 
+    /// `GET …/services`: the sandbox's services and where each is.
+    pub async fn services(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<mayfly_types::ServiceInfo>, ClientError> {
+        let path = format!("{}/services", sandbox(id));
+        self.json(Method::GET, &path, Body::Empty).await
+    }
+
     /// `POST …/processes/{handle}/wait`: waits for exit, or at most
     /// `timeout_ms`, and returns the process's state.
     pub async fn wait_process(

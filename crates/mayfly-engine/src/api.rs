@@ -108,6 +108,13 @@ pub trait SandboxApi: Send + Sync + 'static {
         caller: &Caller,
     ) -> Result<ProcessInfo, EngineError>;
     async fn list_processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, EngineError>;
+    /// The sandbox's services: state, restarts, the end of their log.
+    async fn services(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<mayfly_types::ServiceInfo>, EngineError> {
+        Err(EngineError::NoSuchSandbox(id.clone()))
+    }
     /// Waits up to `timeout_ms` (or forever) and returns the process's state.
     async fn wait_process(
         &self,

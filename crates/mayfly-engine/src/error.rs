@@ -42,6 +42,8 @@ pub enum EngineError {
     Tenancy(#[from] crate::tenancy::TenancyError),
     #[error(transparent)]
     Gateway(#[from] crate::gateway::GatewayError),
+    #[error(transparent)]
+    Lifecycle(#[from] crate::engine::LifecycleError),
     #[error("the engine is shutting down")]
     ShuttingDown,
     /// A service the request needs is not running on this daemon.
@@ -72,6 +74,7 @@ impl EngineError {
             EngineError::Exhausted(_) | EngineError::Quota(_) => ErrorCode::ResourceExhausted,
             EngineError::Tenancy(e) => e.code(),
             EngineError::Gateway(e) => e.code(),
+            EngineError::Lifecycle(e) => e.code(),
             EngineError::ShuttingDown => ErrorCode::Unavailable,
             EngineError::Internal(_) | EngineError::Store(_) => ErrorCode::Internal,
         }

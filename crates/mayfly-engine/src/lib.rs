@@ -25,8 +25,9 @@ pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
 pub use engine::Admission;
 pub use engine::QuotaError;
 pub use engine::{
-    check_pool_name, start_one_shot_zygote, BuildEvents, Detached, Engine, EngineConfig,
-    RecoveryReport, DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
+    check_pool_name, start_one_shot_zygote, BuildEvents, Detached, Engine, EngineConfig, Lifecycle,
+    LifecycleError, RecoveryReport, DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR,
+    MAX_REFILL_CONCURRENCY,
 };
 pub use error::EngineError;
 pub use gateway::{

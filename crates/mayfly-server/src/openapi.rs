@@ -38,6 +38,7 @@ use crate::{
         run::run,
         processes::start_process,
         processes::list_processes,
+        processes::list_services,
         processes::wait_process,
         processes::process_output,
         processes::kill_process,

@@ -74,6 +74,19 @@ pub(crate) async fn list_processes(
     Ok(Json(s.api.list_processes(&id).await?))
 }
 
+/// List the sandbox's services: state, restarts, the end of their log.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/services", tag = "processes", params(IdParam),
+    responses(
+        (status = 200, body = Vec<mayfly_types::ServiceInfo>),
+        (status = 404, description = "No such sandbox.", body = ApiError),
+    ))]
+pub(crate) async fn list_services(
+    State(s): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<Vec<mayfly_types::ServiceInfo>>, AppError> {
+    Ok(Json(s.api.services(&id).await?))
+}
+
 /// Wait for a background process to exit, or for the timeout.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{handle}/wait", tag = "processes",
     params(ProcessParams, WaitQuery),

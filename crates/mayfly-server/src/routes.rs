@@ -92,6 +92,11 @@ fn table() -> Routes {
         .add(Method::POST, PROCESSES, post(start_process))
         .add(Method::GET, PROCESSES, get(list_processes))
         .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/services",
+            get(list_services),
+        )
+        .add(
             Method::POST,
             "/v1/sandboxes/{id}/processes/{handle}/wait",
             post(wait_process),

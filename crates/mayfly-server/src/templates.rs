@@ -107,7 +107,10 @@ pub(crate) async fn build_template(
 
 /// The built templates.
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
-    responses((status = 200, body = TemplateList)))]
+    responses(
+        (status = 200, body = TemplateList),
+        (status = 401, description = "A wrong or revoked API key.", body = ApiError),
+    ))]
 pub(crate) async fn list_templates(
     State(s): State<AppState>,
 ) -> Result<Json<TemplateList>, AppError> {

@@ -23,8 +23,8 @@ impl Store {
             .conn()
             .prepare_cached(
                 "INSERT INTO execs (sandbox_id, at, argv, exit_code, signal, timed_out, error, \
-                 duration_us, stdout_bytes, stderr_bytes, caller) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
+                 duration_us, stdout_bytes, stderr_bytes, caller, kind, output) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13 \
                  WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?1)",
             )?
             .execute(params![
@@ -39,6 +39,8 @@ impl Store {
                 audit.stdout_bytes,
                 audit.stderr_bytes,
                 audit.caller,
+                audit.kind,
+                audit.output,
             ])?;
         if changed == 0 {
             return Err(StoreError::NotFound { id });
@@ -51,7 +53,7 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
             "SELECT seq, sandbox_id, at, argv, exit_code, signal, timed_out, error, \
-             duration_us, stdout_bytes, stderr_bytes, caller \
+             duration_us, stdout_bytes, stderr_bytes, caller, kind, output \
              FROM execs WHERE sandbox_id = ?1 ORDER BY seq",
         )?;
         let mut rows = stmt.query([id.as_str()])?;
@@ -70,6 +72,8 @@ impl Store {
                 stdout_bytes: c.get(9, "stdout_bytes")?,
                 stderr_bytes: c.get(10, "stderr_bytes")?,
                 caller: c.get(11, "caller")?,
+                kind: c.get(12, "kind")?,
+                output: c.get(13, "output")?,
             });
         }
         Ok(out)

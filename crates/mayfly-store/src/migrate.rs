@@ -158,6 +158,12 @@ CREATE TABLE routes (
     updated_at INTEGER NOT NULL
 ) STRICT;
 ",
+    // 5: what an audited command was (NULL: a user's command; `hook:<point>`
+    // for a lifecycle hook) and a hook's bounded, redacted output.
+    "
+ALTER TABLE execs ADD COLUMN kind TEXT;
+ALTER TABLE execs ADD COLUMN output TEXT;
+",
 ];
 
 /// Brings the database up to the last version in [`MIGRATIONS`], or refuses

@@ -33,4 +33,12 @@ pub struct ExecAudit {
     pub stderr_bytes: u64,
     /// Who asked: `unix:uid=1000`, `tcp:token`, `cli:pid=123`.
     pub caller: String,
+    /// What ran: absent for a user's command; `hook:<point>` for a
+    /// lifecycle hook (`hook:after_create`, `hook:before_run`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// A hook's output, bounded (the last 4 KiB of stdout then stderr,
+    /// lossy UTF-8) with secret values redacted; absent for user commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }

@@ -90,6 +90,10 @@ pub struct ExecResult {
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
     pub duration_us: u64,
+    /// A task run (`run: true`) whose `after_run` hook failed under policy
+    /// `fail`: what failed. The command's own status and output are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_error: Option<String>,
 }
 
 /// One event of a streamed exec (`Accept: text/event-stream`).

@@ -41,7 +41,8 @@ pub use gateway::{
 };
 pub use id::{IdError, SandboxId};
 pub use lifecycle::{
-    FailurePolicy, GitWorkspace, Hook, Hooks, HttpProbe, Probe, RestartPolicy, Secret, ServiceSpec,
+    FailurePolicy, GitWorkspace, Hook, Hooks, HttpProbe, Probe, RestartPolicy, Secret, ServiceInfo,
+    ServiceSpec, ServiceState,
 };
 pub use limits::{LimitError, Limits, ResolvedLimits};
 pub use pool::{PoolInfo, PoolList, PoolSpec};

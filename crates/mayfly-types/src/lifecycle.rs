@@ -72,6 +72,37 @@ pub enum RestartPolicy {
     Always,
 }
 
+/// Where a service is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceState {
+    /// Started, its probe not passed yet.
+    Starting,
+    /// Running (and its probe passed once).
+    Ready,
+    /// Exited; waiting for its restart.
+    Restarting,
+    /// Exited and not restarted (policy `never`, or exit 0 under `on_failure`).
+    Exited,
+    /// Exited after using up its restarts, or never became ready.
+    Failed,
+}
+
+/// `GET /v1/sandboxes/{id}/services`: one service of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceInfo {
+    pub name: String,
+    pub state: ServiceState,
+    /// Times the supervisor started it again after an exit.
+    pub restarts: u32,
+    /// Its pid inside the sandbox while it runs.
+    pub pid: Option<u32>,
+    /// How its last run ended.
+    pub last_exit: Option<crate::ExitStatus>,
+    /// The end of its combined stdout and stderr (the last 4 KiB, lossy UTF-8).
+    pub log_tail: String,
+}
+
 /// A command run inside the sandbox at one point of its lifecycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

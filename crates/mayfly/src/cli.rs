@@ -415,6 +415,10 @@ pub struct ExecArgs {
     /// Per-command environment (KEY=VALUE).
     #[arg(long = "env", short = 'e', value_parser = parse_kv)]
     pub env: Vec<(String, String)>,
+    /// A task run: the sandbox's before_run hooks run first (a failing one
+    /// stops the run) and its after_run hooks after.
+    #[arg(long)]
+    pub run: bool,
     #[command(flatten)]
     pub cmd: CommandArgs,
 }

@@ -33,7 +33,8 @@ pub async fn create(cli: &Cli, a: &CreateArgs) -> anyhow::Result<i32> {
 
 pub async fn exec(cli: &Cli, a: &ExecArgs) -> anyhow::Result<i32> {
     let id = parse_id(&a.id)?;
-    let req = crate::cmd_run::exec_request(&a.cmd, &a.env)?;
+    let mut req = crate::cmd_run::exec_request(&a.cmd, &a.env)?;
+    req.run = a.run;
     let c = client(cli)?;
     if cli.json {
         let r = c.exec(&id, &req).await?;

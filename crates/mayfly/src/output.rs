@@ -109,6 +109,13 @@ pub fn finish_to(
         if r.stdout_truncated || r.stderr_truncated {
             writeln!(err, "mayfly: output was truncated at the output limit")?;
         }
+        if let Some(h) = &r.hook_error {
+            writeln!(err, "mayfly: {h}")?;
+        }
     }
-    Ok(r.status.shell_code())
+    // A task run whose after_run hook failed does not count as a success.
+    match (r.status.shell_code(), &r.hook_error) {
+        (0, Some(_)) => Ok(1),
+        (code, _) => Ok(code),
+    }
 }

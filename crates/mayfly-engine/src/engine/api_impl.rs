@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::destroy::record_to_info;
 use super::exec::{check_limits, Collected, CommandSpec, PumpOptions, Sink};
+use super::lifecycle::hooks::HookPoint;
 use super::sandbox::Sandbox;
 use super::Engine;
 use crate::api::{Caller, EventSubscription, ExecStream, SandboxApi};
@@ -66,8 +67,14 @@ impl Engine {
         sink: Sink,
         caller: &Caller,
     ) -> Result<impl std::future::Future<Output = ExecResult> + Send + 'static, EngineError> {
-        let spec = CommandSpec::new(req.argv, req.env, req.cwd, req.uid, req.gid)?;
+        let spec = CommandSpec::new(req.argv, req.env, req.cwd, req.uid, req.gid)?
+            .with_secrets(req.secrets)?;
         let limit = check_limits(req.timeout_ms, req.output_limit)?;
+        // A task run starts only once its `before_run` hooks passed.
+        let run = req.run;
+        if run {
+            self.run_hooks(sb, HookPoint::BeforeRun, caller).await?;
+        }
         let started = self.start_command(sb, &spec, caller).await?;
         let engine = self.clone();
         let sb = sb.clone();
@@ -88,8 +95,16 @@ impl Engine {
                 limit,
                 sink,
             };
-            let r = engine.pump(&sb, started, opts, out).await;
+            let mut r = engine.pump(&sb, started, opts, out).await;
             engine.audit_exec(&sb, &spec.argv, Ok(&r), &caller);
+            if !spec.secrets.is_empty() {
+                engine.remove_secret_files(&sb, &spec.secrets).await;
+            }
+            if run {
+                if let Err(e) = engine.run_hooks(&sb, HookPoint::AfterRun, &caller).await {
+                    r.hook_error = Some(e.to_string());
+                }
+            }
             // A command killed while init lives (or a shell reporting a
             // child's SIGKILL as 137) may be the OOM killer's victim; one
             // that died with init is looked at by `init_died`.
@@ -170,6 +185,11 @@ impl SandboxApi for Engine {
             Ok(sb) => {
                 sb.settled().await;
                 tracing::debug!(%id, caller = %caller.name, "destroy");
+                // First, while the sandbox still runs: its `before_remove`
+                // hooks (failures are recorded, never block the removal).
+                self.before_remove(&sb, caller).await;
+                // Artifacts are collected here, after the before_remove
+                // hooks and before the sandbox is stopped.
                 if !sb.is_stopping() {
                     self.collect_artifacts(&sb).await;
                 }
@@ -238,6 +258,13 @@ impl SandboxApi for Engine {
     ) -> Result<ProcessInfo, EngineError> {
         self.live_ready(id)?;
         self.start_process_impl(id, req, caller).await
+    }
+
+    async fn services(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<mayfly_types::ServiceInfo>, EngineError> {
+        self.services_impl(id)
     }
 
     async fn list_processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, EngineError> {

@@ -206,6 +206,12 @@ impl Engine {
         if let Some(ws) = &req.workspace {
             crate::workspace::check_workspace(ws)?;
         }
+        // The template's services and hooks first, then the request's.
+        let lifecycle = super::lifecycle::lifecycle_of(req.services, req.hooks, req.secrets)?;
+        let lifecycle = match tspec {
+            Some(s) => super::Lifecycle::with_template(template_lifecycle(s)?, lifecycle)?,
+            None => lifecycle,
+        };
         Ok(Boot {
             template,
             limits,
@@ -219,6 +225,7 @@ impl Engine {
             resolved,
             artifacts,
             workspace: req.workspace,
+            lifecycle: Arc::new(lifecycle),
         })
     }
 
@@ -263,6 +270,7 @@ impl Engine {
             resolved,
             artifacts: _,
             workspace: _,
+            lifecycle,
         } = boot;
 
         // The stub fixes the sandbox's id. The record, the uid lease and the
@@ -413,6 +421,7 @@ impl Engine {
             uid: resolved.user,
         });
         self.layers_in_use(&id, &resolved);
+        sb.set_lifecycle(lifecycle);
         if let Some((prepared, attached)) = net {
             let _ = sb.egress.set(attached);
             *sb.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(prepared);
@@ -424,12 +433,15 @@ impl Engine {
             .insert(id.clone(), sb.clone());
         admission.commit(&id);
         // When init's channel closes without a destroy, the sandbox died.
-        let engine = self.clone();
+        let (engine, sb2) = (self.clone(), sb.clone());
         tokio::spawn(async move {
             conn.run_reader().await;
-            engine.init_died(sb).await;
+            engine.init_died(sb2).await;
         });
         let t_up = t0.elapsed();
+        // Services ready and after_create hooks passed before the sandbox
+        // is handed out or pooled; a failure has destroyed it.
+        self.start_lifecycle(&sb, caller).await?;
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
         inner.store.mark_ready(
             &id,
@@ -547,4 +559,11 @@ impl Engine {
         let _ = mayfly_sys::process::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
         Err(failure)
     }
+}
+
+/// A template's services and hooks (its secrets come only with creates).
+pub(crate) fn template_lifecycle(
+    spec: &mayfly_types::TemplateSpec,
+) -> Result<super::Lifecycle, EngineError> {
+    super::Lifecycle::new(spec.services.clone(), spec.hooks.clone(), Vec::new())
 }

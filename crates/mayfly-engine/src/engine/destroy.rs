@@ -25,6 +25,14 @@ impl Engine {
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
         sb.settled().await;
+        // First, while the sandbox still runs (unless init is gone or its
+        // create failed): its `before_remove` hooks, which never block.
+        if reason != super::lifecycle::CREATE_FAILED {
+            let caller = crate::api::Caller::new(format!("mayfly:{reason}"));
+            self.before_remove(&sb, &caller).await;
+        }
+        // Artifacts are collected here, after the before_remove hooks and
+        // before the sandbox is stopped.
         if !sb.is_stopping() {
             // While the sandbox still runs (hooks before removal go first).
             self.collect_artifacts(&sb).await;
@@ -48,6 +56,8 @@ impl Engine {
         }
         self.gateway_forget(&sb.id);
         self.stop_quota(&sb.id);
+        // Nothing runs on its layers any more.
+        self.layers_released(&sb.id);
         let _ = self
             .inner
             .store
@@ -88,7 +98,6 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&sb.id);
         self.release_quota(&sb.id);
-        self.layers_released(&sb.id);
         let destroy_ms = t0.elapsed().as_secs_f64() * 1000.0;
         record_end(store, &sb.id, reason, cgroup_ok, Some(destroy_ms))?;
         sb.done.store(true, Ordering::SeqCst);
@@ -233,7 +242,10 @@ pub(crate) fn record_end(
     cgroup_ok: bool,
     destroy_ms: Option<f64>,
 ) -> Result<(), EngineError> {
-    let (state, why) = if cgroup_ok {
+    let (state, why) = if reason == super::lifecycle::CREATE_FAILED {
+        // A create whose services or after_create hooks failed.
+        (SandboxState::Failed, reason.to_owned())
+    } else if cgroup_ok {
         (SandboxState::Destroyed, reason.to_owned())
     } else {
         (

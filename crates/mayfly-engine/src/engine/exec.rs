@@ -33,9 +33,21 @@ pub(crate) struct CommandSpec {
     pub cwd: Option<String>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// This command's own secrets (an exec's), on top of the sandbox's.
+    pub secrets: Vec<mayfly_types::Secret>,
+    /// A helper of the engine's own (one that writes secret files): gets
+    /// no secrets.
+    pub no_secrets: bool,
 }
 
 impl CommandSpec {
+    /// Adds an exec's secrets, checked.
+    pub fn with_secrets(mut self, secrets: Vec<mayfly_types::Secret>) -> Result<Self, EngineError> {
+        super::lifecycle::check_secrets(&secrets)?;
+        self.secrets = secrets;
+        Ok(self)
+    }
+
     /// The command part of an exec or background-process request, checked.
     pub fn new(
         argv: Vec<String>,
@@ -50,6 +62,8 @@ impl CommandSpec {
             cwd,
             uid,
             gid,
+            secrets: Vec::new(),
+            no_secrets: false,
         };
         spec.validate()?;
         Ok(spec)
@@ -163,7 +177,7 @@ impl Engine {
         started
     }
 
-    async fn spawn_command(
+    pub(crate) async fn spawn_command(
         &self,
         sb: &Arc<Sandbox>,
         spec: &CommandSpec,
@@ -180,6 +194,13 @@ impl Engine {
             .uid
             .or_else(|| defaults.and_then(|d| d.uid))
             .unwrap_or(0);
+        let life = sb.lifecycle();
+        if !spec.no_secrets && (!life.secrets.is_empty() || !spec.secrets.is_empty()) {
+            // Secrets go last: what a secret names is what the command sees.
+            Box::pin(self.write_secret_files(sb, &spec.secrets, uid)).await?;
+            env.extend(super::lifecycle::secrets::secret_env(&life.secrets));
+            env.extend(super::lifecycle::secrets::secret_env(&spec.secrets));
+        }
         let handle = sb.handle();
         let cmd = SpawnCommand {
             handle,
@@ -321,6 +342,7 @@ impl Engine {
             stdout_bytes: ob,
             stderr_bytes: eb,
             duration_us,
+            hook_error: None,
         }
     }
 
@@ -343,6 +365,8 @@ impl Engine {
             stdout_bytes: 0,
             stderr_bytes: 0,
             caller: caller.name.clone(),
+            kind: None,
+            output: None,
         };
         match r {
             Ok(r) => {

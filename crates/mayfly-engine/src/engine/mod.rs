@@ -10,6 +10,7 @@ mod early;
 mod exec;
 mod gateway;
 mod leases;
+mod lifecycle;
 mod network;
 pub(crate) use leases::try_lease;
 mod oom;
@@ -42,6 +43,7 @@ use mayfly_types::SandboxId;
 
 pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
+pub use lifecycle::{Lifecycle, LifecycleError};
 pub use pool::{check_pool_name, DEFAULT_REFILL_CONCURRENCY, MAX_REFILL_CONCURRENCY};
 pub(crate) use quota::FREED_RETRY_SECS;
 pub use quota::{Admission, QuotaError};

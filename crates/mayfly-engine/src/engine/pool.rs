@@ -54,6 +54,9 @@ pub(crate) struct Pool {
     /// What the template stands for, resolved when the pool was set (and
     /// again when a named template is rebuilt).
     pub resolved: Arc<crate::templates::Resolved>,
+    /// The template's services and hooks, which every sandbox of the pool
+    /// runs before it is pooled.
+    pub lifecycle: Arc<super::Lifecycle>,
     pub limits: ResolvedLimits,
     /// Sandboxes booted with a network interface, for creates with egress.
     pub network: bool,
@@ -138,6 +141,9 @@ impl Engine {
                         p.network == (boot.egress.mode != mayfly_types::EgressMode::None)
                             && p.template == boot.template
                             && p.limits == boot.limits
+                            // A pool's sandboxes run their template's
+                            // services and hooks, and no create's own.
+                            && *boot.lifecycle == *p.lifecycle
                     })
                     .peekable();
                 if fits.peek().is_none() {
@@ -327,6 +333,10 @@ impl Engine {
             Some(r) => r,
             None => self.resolve_template(&TemplateRef::Host)?,
         };
+        let lifecycle = Arc::new(match resolved.spec.as_deref() {
+            Some(s) => super::create::template_lifecycle(s)?,
+            None => Default::default(),
+        });
         let limits = self
             .template_limits(&resolved)?
             .with(&spec.limits)
@@ -337,6 +347,7 @@ impl Engine {
             let p = pools.entry(name.to_owned()).or_insert_with(|| Pool {
                 template: TemplateRef::Host,
                 resolved: resolved.clone(),
+                lifecycle: lifecycle.clone(),
                 limits,
                 network: false,
                 target: 0,
@@ -373,7 +384,11 @@ impl Engine {
                     "pool `{name}`: refill_concurrency {conc} is out of range; allowed is 1..={MAX_REFILL_CONCURRENCY}"
                 )));
             }
-            if p.template != template || p.limits != limits || p.network != network {
+            if p.template != template
+                || p.limits != limits
+                || p.network != network
+                || p.lifecycle != lifecycle
+            {
                 p.generation += 1;
                 evicted.extend(p.ready.drain(..));
             }
@@ -382,6 +397,7 @@ impl Engine {
             }
             p.template = template;
             p.resolved = resolved;
+            p.lifecycle = lifecycle;
             p.limits = limits;
             p.network = network;
             p.target = target;
@@ -433,6 +449,10 @@ impl Engine {
                 match &fresh {
                     Some(r) => {
                         p.resolved = r.clone();
+                        p.lifecycle = Arc::new(match r.spec.as_deref() {
+                            Some(s) => super::create::template_lifecycle(s).unwrap_or_default(),
+                            None => Default::default(),
+                        });
                         p.backoff_until = None;
                     }
                     None => {

@@ -93,6 +93,9 @@ impl Engine {
                             },
                             artifacts: Vec::new(),
                             workspace: None,
+                            // The template's services start before the
+                            // sandbox is pooled.
+                            lifecycle: p.lifecycle.clone(),
                         },
                     ));
                 }

@@ -77,6 +77,14 @@ pub(crate) struct Sandbox {
     pub workspace: Mutex<Option<super::artifacts::WorkspaceStart>>,
     /// Held while artifacts are collected; true once they have been.
     pub collected: tokio::sync::Mutex<bool>,
+    /// Its services, hooks and create-time secrets (set once at boot).
+    lifecycle: OnceLock<Arc<super::Lifecycle>>,
+    /// Its services as they run.
+    pub services: Mutex<Vec<Arc<super::lifecycle::services::Service>>>,
+    /// The uid its create-time file secrets belong to now.
+    pub secret_owner: Mutex<Option<u32>>,
+    /// Set by the first removal that runs the `before_remove` hooks.
+    pub removing: AtomicBool,
 }
 
 /// A command's working directory and uid when its request names none.
@@ -133,7 +141,20 @@ impl Sandbox {
             artifacts: Mutex::new(Vec::new()),
             workspace: Mutex::new(None),
             collected: tokio::sync::Mutex::new(false),
+            lifecycle: OnceLock::new(),
+            services: Mutex::new(Vec::new()),
+            secret_owner: Mutex::new(None),
+            removing: AtomicBool::new(false),
         }
+    }
+
+    /// Its services, hooks and secrets; empty until boot sets them.
+    pub fn lifecycle(&self) -> Arc<super::Lifecycle> {
+        self.lifecycle.get().cloned().unwrap_or_default()
+    }
+
+    pub fn set_lifecycle(&self, l: Arc<super::Lifecycle>) {
+        let _ = self.lifecycle.set(l);
     }
 
     pub fn is_stopping(&self) -> bool {

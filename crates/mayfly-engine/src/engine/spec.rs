@@ -29,6 +29,8 @@ pub(crate) struct Boot {
     pub artifacts: Vec<String>,
     /// A git checkout into `/workspace`, made once the sandbox is up.
     pub workspace: Option<mayfly_types::GitWorkspace>,
+    /// Services, hooks and secrets (the template's, then the request's).
+    pub lifecycle: std::sync::Arc<super::Lifecycle>,
 }
 
 /// A `dir:` template must be a directory.

@@ -53,6 +53,13 @@ impl Engine {
         let t0 = Instant::now();
         let file = req.file.clone().unwrap_or_else(|| "<template>".into());
         let spec = parse_spec(&req.spec, &file)?;
+        super::create::template_lifecycle(&spec).map_err(|e| TemplatesError::Spec {
+            file: file.clone(),
+            field: "services/hooks".into(),
+            line: None,
+            column: None,
+            reason: e.to_string(),
+        })?;
         let context = match &req.context {
             Some(c) if Path::new(c).is_absolute() => Some(PathBuf::from(c)),
             Some(c) => {

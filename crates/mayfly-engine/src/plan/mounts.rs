@@ -172,6 +172,22 @@ pub fn before_pivot(root: &Path, limits: &ResolvedLimits) -> Vec<MountOp> {
             target: "/proc/self/fd/2".into(),
             link: at("dev/stderr"),
         },
+        // File secrets live on a tmpfs of their own: never on the upper
+        // directory (the host's disk), gone with the mount namespace. It is
+        // small (secrets are at most 64 KiB each) and cannot hold programs.
+        MountOp::Mkdir {
+            path: at("run"),
+            mode: 0o755,
+        },
+        MountOp::Mkdir {
+            path: at("run/secrets"),
+            mode: 0o755,
+        },
+        MountOp::Tmpfs {
+            path: at("run/secrets"),
+            data: "mode=755,size=1048576".into(),
+            noexec: true,
+        },
         MountOp::Tmpfs {
             path: at("tmp"),
             data: format!("mode=1777,size={}", limits.tmp_bytes),

@@ -212,6 +212,7 @@ impl FakeEngine {
             stdout_truncated: false,
             stderr_truncated: false,
             duration_us: 42,
+            hook_error: None,
         })
     }
 
@@ -230,6 +231,8 @@ impl FakeEngine {
             stdout_bytes: r.stdout_bytes,
             stderr_bytes: r.stderr_bytes,
             caller: caller.name.clone(),
+            kind: None,
+            output: None,
         });
     }
 

@@ -37,6 +37,8 @@ fn exec_audit_round_trips_argv_with_odd_bytes_and_unicode() {
         stdout_bytes: 1 << 40,
         stderr_bytes: 0,
         caller: "unix:uid=1000".to_owned(),
+        kind: None,
+        output: None,
     };
     let second = ExecAudit {
         argv: vec!["/no/such/binary".to_owned()],
@@ -68,6 +70,8 @@ fn execs_naming_an_invalid_sandbox_id_are_refused() {
         stdout_bytes: 0,
         stderr_bytes: 0,
         caller: "cli:pid=1".to_owned(),
+        kind: None,
+        output: None,
     };
     let err = store.record_exec(&audit).unwrap_err();
     assert!(matches!(err, StoreError::InvalidId { .. }), "{err:?}");
@@ -93,6 +97,8 @@ fn execs_may_be_recorded_after_the_sandbox_ended() {
         stdout_bytes: 0,
         stderr_bytes: 0,
         caller: "cli:pid=1".to_owned(),
+        kind: None,
+        output: None,
     };
     store.record_exec(&audit).unwrap();
     assert_eq!(store.execs(&id(1)).unwrap(), [audit]);

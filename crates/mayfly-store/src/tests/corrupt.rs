@@ -114,6 +114,8 @@ fn corrupt_transition_exec_and_event_rows_are_corrupt() {
             stdout_bytes: 1,
             stderr_bytes: 0,
             caller: "cli:pid=1".to_owned(),
+            kind: None,
+            output: None,
         })
         .unwrap();
     let seq = store.add_event(None, "x", &json!({})).unwrap();

@@ -19,6 +19,8 @@ fn exec_of(n: u64) -> ExecAudit {
         stdout_bytes: 0,
         stderr_bytes: 0,
         caller: "cli:pid=1".to_owned(),
+        kind: None,
+        output: None,
     }
 }
 

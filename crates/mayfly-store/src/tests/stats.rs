@@ -107,6 +107,8 @@ fn exec(store: &Store, n: u64, at: u64, exit: Option<i32>, timed_out: bool, erro
             stdout_bytes: 0,
             stderr_bytes: 0,
             caller: "t".into(),
+            kind: None,
+            output: None,
         })
         .unwrap();
 }

@@ -1,0 +1,186 @@
+//! Lifecycle hooks: their order, their failure policies at each point, the
+//! audit trail's record of them, and `mayfly exec --run`.
+
+mod common;
+
+use common::{assert_no_leaks, expect_exit, text, Daemon};
+use mayfly_types::{CreateRequest, ErrorCode, ExecRequest, FailurePolicy, Hook, Hooks};
+
+fn hook(script: &str, on_failure: FailurePolicy) -> Hook {
+    Hook {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        timeout_secs: Some(10),
+        on_failure,
+        user: None,
+    }
+}
+
+fn log(point: &str) -> Hook {
+    hook(&format!("echo {point} >> /tmp/order"), FailurePolicy::Fail)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_run_in_order_around_task_runs_and_are_audited() {
+    let d = Daemon::start().await;
+    let req = CreateRequest {
+        hooks: Hooks {
+            after_create: vec![log("after_create")],
+            before_run: vec![log("before_run")],
+            after_run: vec![
+                hook("echo after-run-noise; exit 4", FailurePolicy::Ignore),
+                log("after_run"),
+            ],
+            before_remove: vec![log("before_remove")],
+        },
+        ..Default::default()
+    };
+    let sb = d.create_with(&req).await;
+    // A plain exec is not a task run.
+    d.sh(&sb.id, "echo exec >> /tmp/order").await;
+    let run = ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), "echo run >> /tmp/order".into()],
+        run: true,
+        ..Default::default()
+    };
+    let r = d.exec_req(&sb.id, &run).await;
+    assert_eq!(r.status.exit_code, Some(0));
+    assert_eq!(r.hook_error, None, "an ignored failure is not reported");
+    // The CLI's --run is a task run too.
+    let out = d.run_cli(&[
+        "exec",
+        "--run",
+        sb.id.as_str(),
+        "--",
+        "sh",
+        "-c",
+        "echo cli >> /tmp/order",
+    ]);
+    expect_exit(&out, 0, "mayfly exec --run");
+    let order = d.sh(&sb.id, "cat /tmp/order").await;
+    assert_eq!(
+        order.lines().collect::<Vec<_>>(),
+        [
+            "after_create",
+            "exec",
+            "before_run",
+            "run",
+            "after_run",
+            "before_run",
+            "cli",
+            "after_run"
+        ]
+    );
+    let audit = d.client.audit(&sb.id).await.expect("audit");
+    let kinds: Vec<_> = audit.iter().map(|a| a.kind.as_deref()).collect();
+    assert_eq!(kinds[0], Some("hook:after_create"), "{audit:#?}");
+    let ignored = audit
+        .iter()
+        .find(|a| a.exit_code == Some(4))
+        .expect("the failed after_run hook is audited");
+    assert_eq!(ignored.kind.as_deref(), Some("hook:after_run"));
+    assert_eq!(ignored.output.as_deref(), Some("after-run-noise\n"));
+    assert!(
+        audit.iter().any(|a| a.kind.is_none()),
+        "user execs have no kind"
+    );
+
+    // before_remove runs first in destroy, while the sandbox still runs:
+    // its audit record is there afterwards.
+    d.client.destroy(&sb.id).await.expect("destroy");
+    let audit = d.client.audit(&sb.id).await.expect("audit");
+    assert_eq!(
+        audit.last().and_then(|a| a.kind.as_deref()),
+        Some("hook:before_remove")
+    );
+    assert_eq!(audit.last().and_then(|a| a.exit_code), Some(0));
+    assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_hooks_fail_their_step_by_policy_and_never_block_removal() {
+    let d = Daemon::start().await;
+    // after_create fail: the create fails, nothing stays.
+    let req = CreateRequest {
+        hooks: Hooks {
+            after_create: vec![hook("echo cannot-prepare; exit 7", FailurePolicy::Fail)],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let e = d.client.create(&req).await.expect_err("after_create fails");
+    assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("exit code 7") && msg.contains("cannot-prepare"),
+        "{msg}"
+    );
+
+    let req = CreateRequest {
+        hooks: Hooks {
+            before_run: vec![hook("test -e /tmp/allowed", FailurePolicy::Fail)],
+            after_run: vec![hook("echo cleanup-failed; exit 5", FailurePolicy::Fail)],
+            before_remove: vec![hook("exit 9", FailurePolicy::Fail)],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let sb = d.create_with(&req).await;
+    let run = ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), "echo ran; touch /tmp/ran".into()],
+        run: true,
+        ..Default::default()
+    };
+    // before_run fail: the run is refused with 409 and does not start.
+    let e = d
+        .client
+        .exec(&sb.id, &run)
+        .await
+        .expect_err("before_run fails");
+    assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e:?}");
+    assert!(e.to_string().contains("before_run"), "{e}");
+    let ran = d.exec(&sb.id, &["test", "-e", "/tmp/ran"]).await;
+    assert_eq!(
+        ran.status.exit_code,
+        Some(1),
+        "the run must not have started"
+    );
+    // The CLI says so and exits non-zero.
+    let out = d.run_cli(&["exec", "--run", sb.id.as_str(), "--", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("before_run"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // after_run fail: the command's output and status are kept, the
+    // failure is reported beside them.
+    d.sh(&sb.id, "touch /tmp/allowed").await;
+    let r = d.exec_req(&sb.id, &run).await;
+    assert_eq!(r.status.exit_code, Some(0));
+    assert_eq!(text(&r.stdout.0), "ran\n");
+    let h = r.hook_error.expect("the after_run failure is reported");
+    assert!(
+        h.contains("after_run") && h.contains("cleanup-failed"),
+        "{h}"
+    );
+    let out = d.run_cli(&["exec", "--run", sb.id.as_str(), "--", "echo", "hi"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed after_run fails the CLI run"
+    );
+    assert_eq!(text(&out.stdout), "hi\n");
+
+    // before_remove fail: recorded, and the sandbox goes anyway.
+    d.client.destroy(&sb.id).await.expect("destroy");
+    let audit = d.client.audit(&sb.id).await.expect("audit");
+    let last = audit.last().expect("audited");
+    assert_eq!(
+        (last.kind.as_deref(), last.exit_code),
+        (Some("hook:before_remove"), Some(9))
+    );
+    let all = d.client.list(true).await.expect("list");
+    let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
+    assert_no_leaks(&d.state_dir, &ids);
+}
