@@ -215,16 +215,19 @@ impl Engine {
         chain: &Chain,
         emit: &(dyn Fn(BuildProgress) + Send + Sync),
     ) -> Result<(), EngineError> {
-        let mut partial = Resolved::from_built(
-            &Built {
-                info: placeholder_info(spec),
-                base: base.clone(),
-                layers: chain.layers.clone(),
-            },
+        // A build sandbox runs the step only: no services, no hooks.
+        let partial = Resolved::partial(
+            TemplateRef::Named(spec.name.clone()),
+            base.clone(),
+            &chain.layers,
             store.root(),
         )?;
-        // A build sandbox runs the step only: no services, no hooks.
-        partial.spec = None;
+        // The overlays the captured uppers belong to, in the sandbox's order.
+        let targets: Vec<PathBuf> =
+            crate::template::plan_layers(&partial, &self.inner.skeleton, &self.inner.host)
+                .into_iter()
+                .map(|l| l.target)
+                .collect();
         let builder = Caller::new("template-build");
         let req = CreateRequest {
             ttl_secs: Some(STEP_TIMEOUT.as_secs() + 60),
@@ -272,21 +275,6 @@ impl Engine {
         }
         let captured = match outcome {
             Ok(()) => {
-                let targets: Vec<PathBuf> = crate::template::plan_layers(
-                    &Resolved::from_built(
-                        &Built {
-                            info: placeholder_info(spec),
-                            base: base.clone(),
-                            layers: chain.layers.clone(),
-                        },
-                        store.root(),
-                    )?,
-                    &self.inner.skeleton,
-                    &self.inner.host,
-                )
-                .into_iter()
-                .map(|l| l.target)
-                .collect();
                 let (dir, uid_base, store, key) =
                     (sb.dir.clone(), sb.uid_base, store.clone(), key.to_owned());
                 tokio::task::spawn_blocking(move || {
@@ -407,23 +395,4 @@ fn step_text(step: &BuildStep) -> String {
         BuildStep::User(u) => format!("user {u}"),
     };
     s.chars().take(200).collect()
-}
-
-/// The info of a template being built (for resolving its partial chain).
-fn placeholder_info(spec: &TemplateSpec) -> TemplateInfo {
-    TemplateInfo {
-        name: spec.name.clone(),
-        base: spec.base.clone(),
-        digest: String::new(),
-        layers: Vec::new(),
-        size_bytes: 0,
-        built_at: 0,
-        build_ms: 0.0,
-        cached_steps: 0,
-        steps: 0,
-        env: BTreeMap::new(),
-        workdir: None,
-        user: None,
-        spec: spec.clone(),
-    }
 }

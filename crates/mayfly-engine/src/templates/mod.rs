@@ -111,20 +111,40 @@ impl Resolved {
 
     /// A built template's record, with its layers found in `layers_root`.
     pub fn from_built(built: &Built, layers_root: &Path) -> Result<Resolved, TemplatesError> {
+        let mut r = Resolved::partial(
+            TemplateRef::Named(built.info.name.clone()),
+            built.base.clone(),
+            &built.layers,
+            layers_root,
+        )?;
+        r.env = built.info.env.clone();
+        r.workdir = built.info.workdir.clone();
+        r.user = built.info.user;
+        r.spec = Some(Arc::new(built.info.spec.clone()));
+        Ok(r)
+    }
+
+    /// Layers on a base and nothing else (no config, no lifecycle): what a
+    /// build sandbox of a template being built is made of.
+    pub fn partial(
+        template: TemplateRef,
+        base: Base,
+        built: &[BuiltLayer],
+        layers_root: &Path,
+    ) -> Result<Resolved, TemplatesError> {
         let store = crate::image::LayerStore::at(layers_root);
-        let mut layers = Vec::with_capacity(built.layers.len());
-        for l in &built.layers {
-            let path = store.path(&l.key)?;
-            layers.push((path, l.tops.clone()));
+        let mut layers = Vec::with_capacity(built.len());
+        for l in built {
+            layers.push((store.path(&l.key)?, l.tops.clone()));
         }
         Ok(Resolved {
-            template: TemplateRef::Named(built.info.name.clone()),
-            base: built.base.clone(),
+            template,
+            base,
             layers,
-            env: built.info.env.clone(),
-            workdir: built.info.workdir.clone(),
-            user: built.info.user,
-            spec: Some(Arc::new(built.info.spec.clone())),
+            env: BTreeMap::new(),
+            workdir: None,
+            user: None,
+            spec: None,
         })
     }
 }
