@@ -1,7 +1,7 @@
 //! The API measures, against a daemon this bench started: create→ready,
 //! destroy (the call, then full cleanup) and the exec round trip.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,39 @@ impl Ledger {
         let host = Host::default();
         self.init_pids
             .extend(sb.init_pid.map(|p| (p, host.start_time(p))));
+    }
+
+    /// After the daemon stopped: what is left of the sandboxes noted here
+    /// (their directories under `scratch_root`, cgroups, init processes)
+    /// and any mount under `scratch`, said in one sentence; `None` if clean.
+    pub fn leftovers(&self, host: &Host, scratch_root: &Path, scratch: &Path) -> Option<String> {
+        let paths: Vec<PathBuf> = self
+            .ids
+            .iter()
+            .flat_map(|id| sandbox_traces(host, scratch_root, id))
+            .filter(|p| p.exists())
+            .collect();
+        let procs: Vec<u32> = self
+            .init_pids
+            .iter()
+            .filter(|(p, start)| host.still_running(*p, *start))
+            .map(|(p, _)| *p)
+            .collect();
+        let mounts = host.mounts_mentioning(&scratch.display().to_string());
+        if paths.is_empty() && procs.is_empty() && mounts.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "Leaks after the daemon stopped ({} sandboxes created): {} paths (e.g. {:?}), {} init pids \
+             still alive (e.g. {:?}), {} mounts (e.g. {:?}).",
+            self.ids.len(),
+            paths.len(),
+            paths.first(),
+            procs.len(),
+            procs.first(),
+            mounts.len(),
+            mounts.first()
+        ))
     }
 }
 

@@ -193,6 +193,20 @@ pub fn machine() -> BTreeMap<&'static str, String> {
     m
 }
 
+/// The machine as one markdown list item: kernel, CPUs, memory, and how
+/// busy the host was when the run started.
+pub fn machine_line(m: &BTreeMap<&'static str, String>) -> String {
+    let g = |k: &str| m.get(k).map_or("?", String::as_str);
+    format!(
+        "- **Machine:** Linux {}, {} vCPUs ({}), {} memory; load average {} at the start.",
+        g("kernel"),
+        g("nproc"),
+        g("cpu"),
+        g("memory"),
+        g("load")
+    )
+}
+
 /// The first line a command prints, or an empty string if it cannot run.
 pub fn command_line(cmd: &str, args: &[&str]) -> String {
     std::process::Command::new(cmd)

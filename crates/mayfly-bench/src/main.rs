@@ -14,8 +14,12 @@ mod host;
 mod net;
 mod pool;
 mod report;
+mod section;
 mod spawn;
 mod stats;
+mod templates;
+mod templates_image;
+mod templates_report;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +30,7 @@ use clap::{Args, Parser, Subcommand};
 
 use api::Ledger;
 use daemon::{Daemon, Scratch};
-use host::{command_line, sandbox_traces, Host};
+use host::{command_line, Host};
 use report::Report;
 
 #[derive(Debug, Parser)]
@@ -63,6 +67,11 @@ enum Measure {
     /// with network against without, veth namespace setup cost, and TCP
     /// throughput through the egress proxy against direct. Not part of `all`.
     Net,
+    /// Templates: create from a cached multi-layer OCI template against
+    /// `host`, `mayfly run` of it against `podman run` of the same image,
+    /// unchanged rebuilds, and the Postgres and Redis templates (cold
+    /// creates and warm claims with the service ready). Not part of `all`.
+    Templates,
 }
 
 #[derive(Debug, Args)]
@@ -133,7 +142,13 @@ struct Opts {
     /// Rounds (direct and through the gateway, alternating) of the gateway measure.
     #[arg(long, global = true, default_value_t = 3)]
     gateway_rounds: usize,
-    /// `gateway` and `net`: put the measure's section into this markdown
+    /// `templates`: cold creates and warm claims of each service template.
+    #[arg(long, global = true, default_value_t = 10)]
+    service_iterations: usize,
+    /// `templates`: unchanged rebuilds of each template.
+    #[arg(long, global = true, default_value_t = 20)]
+    rebuilds: usize,
+    /// `gateway`, `net` and `templates`: put the measure's section into this markdown
     /// file (replacing its previous one), e.g. docs/BENCHMARKS.md.
     #[arg(long, global = true)]
     section: Option<PathBuf>,
@@ -180,6 +195,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     if cli.measure == Measure::Net {
         return net_measures(o, &mayfly, &command).await;
+    }
+    if cli.measure == Measure::Templates {
+        return templates_measure(o, &mayfly, &command).await;
     }
     let mut report = Report::new(host::machine(), versions(&mayfly), command);
     let mut ok = true;
@@ -239,6 +257,32 @@ async fn gateway_measure(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Resu
     println!("{md}");
     if let Some(f) = &o.section {
         gateway::write_section(f, &md)?;
+    }
+    Ok(true)
+}
+
+/// The template measures, on a daemon of their own; prints their section
+/// and puts it into `--section`.
+async fn templates_measure(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Result<bool> {
+    let setup = templates::Setup {
+        iterations: o.iterations,
+        warmup: o.warmup,
+        podman_iterations: o.podman_iterations,
+        service_iterations: o.service_iterations.max(1),
+        rebuilds: o.rebuilds.max(1),
+    };
+    let machine = host::machine();
+    let v = versions(mayfly);
+    let versions = format!(
+        "mayfly {}, podman {}",
+        v.get("mayfly").map_or("?", String::as_str),
+        v.get("podman").map_or("?", String::as_str)
+    );
+    let outcome = templates::measure(mayfly, &setup).await?;
+    let md = templates_report::markdown(&outcome, &setup, &machine, &versions, command);
+    println!("{md}");
+    if let Some(f) = &o.section {
+        section::write(f, templates_report::BEGIN, templates_report::END, &md)?;
     }
     Ok(true)
 }
@@ -330,34 +374,13 @@ fn leak_check(
     scratch: &Path,
     report: &mut Report,
 ) -> bool {
-    let paths: Vec<PathBuf> = ledger
-        .ids
-        .iter()
-        .flat_map(|id| sandbox_traces(host, &d.scratch_root, id))
-        .filter(|p| p.exists())
-        .collect();
-    let procs: Vec<u32> = ledger
-        .init_pids
-        .iter()
-        .filter(|(p, start)| host.still_running(*p, *start))
-        .map(|(p, _)| *p)
-        .collect();
-    let mounts = host.mounts_mentioning(&scratch.display().to_string());
-    let clean = paths.is_empty() && procs.is_empty() && mounts.is_empty();
-    if !clean {
-        report.note(format!(
-            "Leaks after the daemon stopped ({} sandboxes created): {} paths (e.g. {:?}), {} init pids still alive \
-             (e.g. {:?}), {} mounts (e.g. {:?}).",
-            ledger.ids.len(),
-            paths.len(),
-            paths.first(),
-            procs.len(),
-            procs.first(),
-            mounts.len(),
-            mounts.first()
-        ));
+    match ledger.leftovers(host, &d.scratch_root, scratch) {
+        Some(note) => {
+            report.note(note);
+            false
+        }
+        None => true,
     }
-    clean
 }
 
 fn versions(mayfly: &Path) -> std::collections::BTreeMap<&'static str, String> {

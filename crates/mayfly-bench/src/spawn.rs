@@ -19,6 +19,22 @@ use crate::daemon::Scratch;
 use crate::report::Report;
 use crate::stats::Samples;
 
+/// `podman` arguments before the image for a run comparable to the other
+/// peers': runc, no network, and the ulimits these hosts need (podman's
+/// default RLIMIT_NOFILE exceeds the hard limit; see MACHINE.md).
+pub const PODMAN_RUN: [&str; 10] = [
+    "--runtime",
+    "runc",
+    "run",
+    "--rm",
+    "--network",
+    "none",
+    "--ulimit",
+    "nofile=1024:1024",
+    "--ulimit",
+    "nproc=1024:1024",
+];
+
 /// Where the peers were prepared (see bench/peers-setup.sh).
 #[derive(Debug, Clone)]
 pub struct PeerSetup {
@@ -120,21 +136,11 @@ fn tools(setup: &PeerSetup, scratch: &Path, iterations: usize, report: &mut Repo
             .is_ok_and(|s| s.success());
     if have_image && setup.podman_iterations > 0 {
         let every = (iterations / setup.podman_iterations).max(1);
-        let a = [
-            "podman",
-            "--runtime",
-            "runc",
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            &setup.image,
-            "/bin/true",
-        ];
+        let a: Vec<&str> = ["podman"]
+            .into_iter()
+            .chain(PODMAN_RUN)
+            .chain([setup.image.as_str(), "/bin/true"])
+            .collect();
         v.push(tool("run_podman", argv(&a), every));
     } else if setup.podman_iterations > 0 {
         report.note(format!(

@@ -256,7 +256,7 @@ impl LimitArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct SpecArgs {
-    /// `host` or `dir:/path/to/rootfs`.
+    /// `host`, `dir:/path/to/rootfs` or a built template's name.
     #[arg(long, short = 't', default_value = "host")]
     pub template: TemplateRef,
     /// Time to live (e.g. 30s, 10m).

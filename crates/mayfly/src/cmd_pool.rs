@@ -23,7 +23,7 @@ pub enum PoolCommand {
 pub struct PoolSetArgs {
     /// The pool's name.
     pub name: String,
-    /// `host` or `dir:/path/to/rootfs` (default: `host`, or the pool's).
+    /// `host`, `dir:/path/to/rootfs` or a built template's name (default: `host`, or the pool's).
     #[arg(long, short = 't')]
     pub template: Option<String>,
     /// Booted, unclaimed sandboxes to keep ready.

@@ -12,28 +12,12 @@ use std::time::{Duration, Instant};
 use common::{assert_no_leaks, test_dir, unique, Daemon};
 use mayfly_types::{BuildRequest, CreateRequest, ErrorCode, PoolSpec, SandboxSource, TemplateRef};
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
+/// The Postgres example template (`initdb` in a build step), renamed.
 fn pg_template(name: &str) -> String {
-    format!(
-        r#"
-name: {name}
-base: host
-steps:
-  - run: >-
-      echo 'postgres:x:999:999::/var/lib/postgresql:/bin/sh' >> /etc/passwd &&
-      echo 'postgres:x:999:' >> /etc/group &&
-      mkdir -p /var/lib/postgresql && chown 999:999 /var/lib/postgresql
-  - user: 999
-  - run: [{PG_BIN}/initdb, -D, /var/lib/postgresql/data, -U, postgres, -A, trust]
-  - env: {{PGHOST: 127.0.0.1, PGUSER: postgres}}
-services:
-  - name: postgres
-    command: [{PG_BIN}/postgres, -D, /var/lib/postgresql/data, -k, /tmp, -h, 127.0.0.1, -c, fsync=off]
-    user: 999
-    ready: {{exec: [pg_isready, -h, 127.0.0.1, -q]}}
-    ready_timeout_secs: 60
-"#
+    include_str!("../../../examples/templates/postgres.yaml").replacen(
+        "name: postgres\n",
+        &format!("name: {name}\n"),
+        1,
     )
 }
 
