@@ -47,6 +47,30 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
+/// What a connection was admitted for: re-checked when the policy changes.
+struct Admitted {
+    ip: std::net::IpAddr,
+    port: u16,
+    /// The Host header or SNI it presented, when it had to.
+    name: Option<String>,
+}
+
+impl Admitted {
+    /// Whether the sandbox's policy (now) still admits this connection.
+    fn still_allowed(&self, shared: &Shared, sandbox: &Attached) -> bool {
+        let policy = sandbox.policy();
+        let names = sandbox.names_for(self.ip);
+        match decide(&policy, self.ip, self.port, &names, &shared.host_addrs()) {
+            Verdict::Allow => true,
+            Verdict::CheckName => self
+                .name
+                .as_deref()
+                .is_some_and(|n| name_fits(&policy, n, self.port)),
+            Verdict::Refuse(_) => false,
+        }
+    }
+}
+
 async fn handle(
     shared: &Shared,
     sandbox: &Arc<Attached>,
@@ -70,10 +94,17 @@ async fn handle(
     let Some(_slot) = sandbox.try_connect() else {
         return refuse(client, Refusal::TooManyConnections);
     };
+    let mut admitted = Admitted {
+        ip,
+        port: dst.port(),
+        name: None,
+    };
     let mut head = Vec::new();
     if verdict == Verdict::CheckName {
         match read_name(&mut client, dst.port(), &mut head).await {
-            Some(name) if name_fits(&sandbox.policy(), &name, dst.port()) => {}
+            Some(name) if name_fits(&sandbox.policy(), &name, dst.port()) => {
+                admitted.name = Some(name);
+            }
             Some(_) => return refuse(client, Refusal::NameMismatch),
             None => return refuse(client, Refusal::NoName),
         }
@@ -87,7 +118,7 @@ async fn handle(
     };
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    splice(sandbox, client, upstream, head).await;
+    splice(shared, sandbox, &admitted, client, upstream, head).await;
     Ok(())
 }
 
@@ -115,25 +146,57 @@ async fn read_name(client: &mut TcpStream, port: u16, head: &mut Vec<u8>) -> Opt
 }
 
 /// Copies both ways until both sides are done, under the sandbox's
-/// bandwidth cap (checked per chunk, so a `PATCH` applies at once).
-async fn splice(sandbox: &Attached, client: TcpStream, upstream: TcpStream, head: Vec<u8>) {
+/// bandwidth cap (checked per chunk, so a `PATCH` applies at once). A
+/// policy change that no longer admits the connection resets both sides.
+async fn splice(
+    shared: &Shared,
+    sandbox: &Attached,
+    admitted: &Admitted,
+    client: TcpStream,
+    upstream: TcpStream,
+    head: Vec<u8>,
+) {
+    let mut changes = sandbox.changes();
     let (mut cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = upstream.into_split();
-    let out = async {
-        if !head.is_empty() {
-            tokio::time::sleep(sandbox.charge(head.len())).await;
-            if uw.write_all(&head).await.is_err() {
-                return;
+    let cut = {
+        let out = async {
+            if !head.is_empty() {
+                tokio::time::sleep(sandbox.charge(head.len())).await;
+                if uw.write_all(&head).await.is_err() {
+                    return;
+                }
             }
+            pump(sandbox, &mut cr, &mut uw).await;
+            let _ = uw.shutdown().await;
+        };
+        let back = async {
+            pump(sandbox, &mut ur, &mut cw).await;
+            let _ = cw.shutdown().await;
+        };
+        let revoked = async {
+            while changes.changed().await.is_ok() {
+                if !admitted.still_allowed(shared, sandbox) {
+                    return;
+                }
+            }
+            // The sandbox is gone: its connections end with its namespace.
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = async { tokio::join!(out, back) } => false,
+            () = revoked => true,
         }
-        pump(sandbox, &mut cr, &mut uw).await;
-        let _ = uw.shutdown().await;
     };
-    let back = async {
-        pump(sandbox, &mut ur, &mut cw).await;
-        let _ = cw.shutdown().await;
-    };
-    tokio::join!(out, back);
+    if cut {
+        tracing::info!(sandbox = %sandbox.id, ip = %admitted.ip, port = admitted.port,
+            "egress: open connection cut, the policy no longer admits it");
+        // Whole again, so that no write half sends a FIN when dropped:
+        // the peers see a reset, not an orderly end.
+        for s in [cr.reunite(cw), ur.reunite(uw)].into_iter().flatten() {
+            let _ = s.set_zero_linger();
+        }
+    }
 }
 
 async fn pump(

@@ -30,6 +30,8 @@ pub struct Attached {
     /// Address → the names the resolver handed it out for.
     handed: Mutex<HashMap<IpAddr, Vec<String>>>,
     bucket: Mutex<Bucket>,
+    /// Bumped by every policy change, so open connections re-check.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// A token bucket of bytes, one second deep.
@@ -55,9 +57,16 @@ impl Attached {
             .clone()
     }
 
-    /// Replaces the policy; connections opened from now on follow it.
+    /// Replaces the policy: connections opened from now on follow it, and
+    /// open ones it no longer admits are cut (see [`Attached::changes`]).
     pub fn set_policy(&self, p: EgressPolicy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Wakes on every policy change.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Takes a connection place, if the cap allows one more.
@@ -143,6 +152,7 @@ impl Shared {
                 tokens: rate,
                 at: Instant::now(),
             }),
+            changes: tokio::sync::watch::Sender::new(0),
         });
         self.by_addr
             .write()
