@@ -7,10 +7,13 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use common::templates::{
+    build_req, claim_from_pool, destroy_all, named, p50, set_template_pool, stored_layers,
+};
 use common::{assert_no_leaks, test_dir, unique, Daemon};
-use mayfly_types::{BuildRequest, CreateRequest, ErrorCode, PoolSpec, SandboxSource, TemplateRef};
+use mayfly_types::ErrorCode;
 
 /// The Postgres example template (`initdb` in a build step), renamed.
 fn pg_template(name: &str) -> String {
@@ -19,28 +22,6 @@ fn pg_template(name: &str) -> String {
         &format!("name: {name}\n"),
         1,
     )
-}
-
-fn build_req(spec: String, file: &str, context: Option<&Path>) -> BuildRequest {
-    BuildRequest {
-        spec,
-        file: Some(file.into()),
-        context: context.map(|c| c.display().to_string()),
-        registry_auth: None,
-        no_cache: false,
-    }
-}
-
-fn named(name: &str) -> CreateRequest {
-    CreateRequest {
-        template: Some(TemplateRef::Named(name.into())),
-        ..Default::default()
-    }
-}
-
-fn p50(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,65 +90,18 @@ async fn postgres_template_isolated_databases_cached_rebuild_and_warm_claims() {
     );
 
     // A warm pool of the template: claims come with Postgres up.
-    d.client
-        .set_pool(
-            &name,
-            &PoolSpec {
-                template: Some(name.clone()),
-                target: Some(2),
-                max: Some(2),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("pool");
+    set_template_pool(&d, &name, 2).await;
     let mut ids = vec![a.id.clone(), b.id.clone()];
     let mut claims = Vec::new();
     for _ in 0..3 {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let pools = d.client.pools().await.expect("pools");
-            if pools.iter().any(|p| p.name == name && p.ready >= 1) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the pool never filled: {pools:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let sb = d.create_with(&named(&name)).await;
-        assert_eq!(sb.source, SandboxSource::Pool);
+        let sb = claim_from_pool(&d, &name).await;
         claims.push(sb.create_ms.expect("claim time"));
         // Ready means ready: the first query needs no wait.
         assert_eq!(d.sh(&sb.id, "psql -tAc 'select 1'").await.trim(), "1");
         ids.push(sb.id);
     }
     eprintln!("pool claims of a sandbox with postgres ready (in daemon): {claims:?} ms");
-    d.client.drain_pool(&name).await.expect("drain");
-    for id in &ids {
-        d.client.destroy(id).await.expect("destroy");
-    }
-    // The drained pool's sandboxes go in the background; layers of a
-    // sandbox still being torn down are kept.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let pools = d.client.pools().await.expect("pools");
-        let idle = pools
-            .iter()
-            .filter(|p| p.name == name)
-            .all(|p| p.ready == 0 && p.filling == 0);
-        let live = d.client.list(true).await.expect("list");
-        let live = live.iter().filter(|s| !s.state.is_terminal()).count();
-        if idle && live == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandboxes still alive: {pools:?}, {live} dirs"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    destroy_all(&d, Some(&name), &ids).await;
     let removed = d.client.remove_template(&name).await.expect("rm");
     assert_eq!(removed.name, name);
     let e = d.client.create(&named(&name)).await.unwrap_err();
@@ -175,10 +109,11 @@ async fn postgres_template_isolated_databases_cached_rebuild_and_warm_claims() {
     let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     assert_no_leaks(&d.state_dir, &names);
     // Its layers went with it.
-    let left = std::fs::read_dir(d.state_dir.join("layers/sha256"))
-        .map(|r| r.count())
-        .unwrap_or(0);
-    assert_eq!(left, 0, "layers left after the template was removed");
+    assert_eq!(
+        stored_layers(&d),
+        0,
+        "layers left after the template was removed"
+    );
 }
 
 fn run(cmd: &mut Command) {

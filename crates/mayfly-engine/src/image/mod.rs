@@ -110,8 +110,16 @@ pub enum ImageError {
         #[source]
         source: UnpackError,
     },
-    #[error("registry {registry} refused the credentials (or asked for some) for `{reference}`")]
+    /// With a token registry, the token server is what checks them.
+    #[error(
+        "registry {registry} (or its token server) refused the credentials given for `{reference}`"
+    )]
     Unauthorized { registry: String, reference: String },
+    #[error(
+        "registry {registry} asks for credentials to pull `{reference}`, and the build gave none \
+         (`mayfly template build --registry-user USER --registry-password-stdin`)"
+    )]
+    CredentialsNeeded { registry: String, reference: String },
     #[error("pulling `{reference}` from the registry failed")]
     Registry {
         reference: String,

@@ -48,16 +48,30 @@ struct Puller<'a> {
     client: Client,
     reference: Reference,
     shown: &'a str,
+    /// Whether the build gave credentials (a 401 then means they were
+    /// refused, not missing).
+    with_credentials: bool,
 }
 
 impl Puller<'_> {
     fn error(&self, e: OciDistributionError, blob: &str) -> ImageError {
         match e {
             OciDistributionError::UnauthorizedError { .. }
-            | OciDistributionError::AuthenticationFailure(_) => ImageError::Unauthorized {
-                registry: self.reference.resolve_registry().to_owned(),
-                reference: self.shown.to_owned(),
-            },
+            | OciDistributionError::AuthenticationFailure(_) => {
+                let registry = self.reference.resolve_registry().to_owned();
+                let reference = self.shown.to_owned();
+                if self.with_credentials {
+                    ImageError::Unauthorized {
+                        registry,
+                        reference,
+                    }
+                } else {
+                    ImageError::CredentialsNeeded {
+                        registry,
+                        reference,
+                    }
+                }
+            }
             OciDistributionError::DigestError(d) => ImageError::DigestMismatch {
                 blob: blob.to_owned(),
                 expected: "the digest that names it".to_owned(),
@@ -194,6 +208,7 @@ pub(super) async fn fetch(
         client,
         reference,
         shown,
+        with_credentials: opts.auth.is_some(),
     };
     // The first manifest is read by reference (tag or digest); an index's
     // linux/amd64 pick by digest.

@@ -12,6 +12,7 @@ pub mod host;
 pub mod keys;
 pub mod parked;
 pub mod tarball;
+pub mod templates;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,161 @@
+//! The step cache when a step changes: a template of three run steps is
+//! rebuilt with its second step changed. The first step comes from the
+//! cache (its layer, and the nonce it wrote, are the same), the changed
+//! step and every later one run again (new layers, new content), and a
+//! rebuild of the changed file is entirely cached.
+
+mod common;
+
+use common::templates::{build_req, build_streamed, destroy_all, named, steps_done, stored_layers};
+use common::{assert_no_leaks, Daemon};
+use mayfly_types::{BuildProgress, TemplateInfo};
+
+/// Step 1 writes a nonce (a rerun would write another), step 2 the
+/// `second` text, step 3 what it reads from step 2's file.
+fn three_steps(name: &str, second: &str) -> String {
+    format!(
+        r#"
+name: {name}
+base: host
+steps:
+  - run: mkdir -p /etc/mf-rebuild && cat /proc/sys/kernel/random/uuid > /etc/mf-rebuild/one
+  - run: echo {second} > /etc/mf-rebuild/two
+  - env: {{STAGE: three}}
+  - run: (cat /etc/mf-rebuild/two; echo "$STAGE") > /etc/mf-rebuild/three
+"#
+    )
+}
+
+fn step_ms(events: &[BuildProgress]) -> Vec<f64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            BuildProgress::StepDone { ms, .. } => Some(*ms),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `(index, cached)` of the run steps (an `env` step makes no layer and is
+/// always reported cached).
+fn runs_done(events: &[BuildProgress]) -> Vec<(usize, bool)> {
+    let runs: Vec<usize> = events
+        .iter()
+        .filter_map(|e| match e {
+            BuildProgress::Step { index, text, .. } if text.starts_with("run ") => Some(*index),
+            _ => None,
+        })
+        .collect();
+    steps_done(events)
+        .into_iter()
+        .filter(|(i, _)| runs.contains(i))
+        .collect()
+}
+
+fn step_texts(events: &[BuildProgress]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            BuildProgress::Step { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn contents(d: &Daemon, name: &str) -> (String, mayfly_types::SandboxId) {
+    let sb = d.create_with(&named(name)).await;
+    let out = d
+        .sh(
+            &sb.id,
+            "cd /etc/mf-rebuild && cat one && echo -- && cat two && echo -- && cat three",
+        )
+        .await;
+    (out, sb.id)
+}
+
+fn assert_all_cached(info: &TemplateInfo, events: &[BuildProgress]) {
+    assert_eq!(info.cached_steps, info.steps, "{info:?}");
+    assert!(
+        steps_done(events).iter().all(|(_, cached)| *cached),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_second_step_rebuilds_it_and_every_later_step_only() {
+    let d = Daemon::start().await;
+    let name = format!("rebuild{}", std::process::id());
+
+    let (v1, events) =
+        build_streamed(&d, &build_req(three_steps(&name, "two-v1"), "t.yaml", None)).await;
+    assert_eq!((v1.steps, v1.layers.len()), (4, 3), "{v1:?}");
+    assert_eq!(
+        runs_done(&events),
+        [(0, false), (1, false), (3, false)],
+        "a first build runs every step: {events:?}"
+    );
+    let first_ms = v1.build_ms;
+    let (before, a) = contents(&d, &name).await;
+    let nonce = before.lines().next().expect("step 1's nonce").to_owned();
+    assert_eq!(before, format!("{nonce}\n--\ntwo-v1\n--\ntwo-v1\nthree\n"));
+
+    // The second step changes.
+    let (v2, events) =
+        build_streamed(&d, &build_req(three_steps(&name, "two-v2"), "t.yaml", None)).await;
+    assert_eq!(
+        runs_done(&events),
+        [(0, true), (1, false), (3, false)],
+        "only the steps before the change are cached: {events:?}"
+    );
+    let cached = steps_done(&events).iter().filter(|(_, c)| *c).count();
+    assert_eq!(v2.cached_steps, cached, "{v2:?}");
+    assert_eq!(v2.layers.len(), 3);
+    assert_eq!(v2.layers[0], v1.layers[0], "step 1's layer was rebuilt");
+    assert_ne!(
+        v2.layers[1], v1.layers[1],
+        "the changed step kept its layer"
+    );
+    assert_ne!(
+        v2.layers[2], v1.layers[2],
+        "the step after the change kept its layer"
+    );
+    assert_ne!(v2.digest, v1.digest);
+    let changed_ms = v2.build_ms;
+    eprintln!(
+        "changed-step rebuild: per-step ms {:?} ({:?})",
+        step_ms(&events),
+        step_texts(&events)
+    );
+    // `template inspect` says the same as the build.
+    let inspected = d.client.template(&name).await.expect("inspect");
+    assert_eq!(
+        (&inspected.layers, &inspected.digest),
+        (&v2.layers, &v2.digest)
+    );
+
+    let (after, b) = contents(&d, &name).await;
+    assert_eq!(
+        after,
+        format!("{nonce}\n--\ntwo-v2\n--\ntwo-v2\nthree\n"),
+        "a sandbox of the rebuilt template"
+    );
+    // The sandbox of the first build still sees its own layers.
+    let old = d.sh(&a, "cat /etc/mf-rebuild/three").await;
+    assert_eq!(old, "two-v1\nthree\n");
+
+    // The changed file, built again: everything from the cache.
+    let (v3, events) =
+        build_streamed(&d, &build_req(three_steps(&name, "two-v2"), "t.yaml", None)).await;
+    assert_all_cached(&v3, &events);
+    assert_eq!((&v3.layers, &v3.digest), (&v2.layers, &v2.digest));
+    let cached_ms = v3.build_ms;
+    eprintln!(
+        "three run steps: first build {first_ms:.0} ms, rebuild with step 2 changed \
+         {changed_ms:.0} ms, unchanged rebuild {cached_ms:.1} ms"
+    );
+
+    destroy_all(&d, None, &[a.clone(), b.clone()]).await;
+    d.client.remove_template(&name).await.expect("rm");
+    assert_no_leaks(&d.state_dir, &[a.to_string(), b.to_string()]);
+    assert_eq!(stored_layers(&d), 0, "layers left after the template went");
+}
