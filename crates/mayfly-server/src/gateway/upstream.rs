@@ -70,11 +70,14 @@ pub enum UpstreamError {
     Exchange(String),
 }
 
+/// An idle upstream connection and where it goes.
+type Idle = (Key, SendRequest<Incoming>);
+
 /// One client connection's idle upstream connections: cheap to clone
 /// (the clones share them).
 #[derive(Clone, Default)]
 pub struct Upstreams {
-    idle: Arc<Mutex<Vec<(Key, SendRequest<Incoming>)>>>,
+    idle: Arc<Mutex<Vec<Idle>>>,
 }
 
 impl Upstreams {
