@@ -57,6 +57,8 @@ pub struct Setup {
 struct Wrk {
     rps: f64,
     p50_us: f64,
+    /// CPU time wrk itself used (user + system), µs.
+    cpu_us: f64,
 }
 
 /// What the measure found: per round, direct and through the gateway.
@@ -64,8 +66,10 @@ struct Wrk {
 pub struct Outcome {
     throughput: Vec<(f64, f64)>,
     latency_us: Vec<(f64, f64)>,
-    /// CPU time per request through the gateway, µs: (daemon, nginx).
-    cpu_us: Vec<(f64, f64)>,
+    /// CPU time per request through the gateway, µs: (daemon, nginx, wrk).
+    cpu_us: Vec<(f64, f64, f64)>,
+    /// CPU time per request direct, µs: (nginx, wrk).
+    direct_cpu_us: Vec<(f64, f64)>,
 }
 
 /// CPU time (user + system) a process has used, µs.
@@ -107,11 +111,21 @@ impl Outcome {
         median(self.latency_us.iter().map(|(d, g)| g - d).collect())
     }
 
-    /// Median CPU per request through the gateway, µs: (daemon, nginx).
-    pub fn cpu_per_request(&self) -> (f64, f64) {
+    /// Median CPU per request through the gateway, µs: (daemon, nginx,
+    /// wrk).
+    pub fn cpu_per_request(&self) -> (f64, f64, f64) {
         (
             median(self.cpu_us.iter().map(|c| c.0).collect()),
             median(self.cpu_us.iter().map(|c| c.1).collect()),
+            median(self.cpu_us.iter().map(|c| c.2).collect()),
+        )
+    }
+
+    /// Median CPU per request direct, µs: (nginx, wrk).
+    pub fn direct_cpu_per_request(&self) -> (f64, f64) {
+        (
+            median(self.direct_cpu_us.iter().map(|c| c.0).collect()),
+            median(self.direct_cpu_us.iter().map(|c| c.1).collect()),
         )
     }
 }
@@ -129,7 +143,28 @@ fn parse_wrk(out: &str) -> anyhow::Result<Wrk> {
         .map(|v| duration_us(v.trim()))
         .transpose()?
         .unwrap_or(f64::NAN);
-    Ok(Wrk { rps, p50_us })
+    // The shell's `times` after wrk: its own line, then its children's.
+    let cpu_us = out
+        .lines()
+        .rev()
+        .find(|l| l.trim().starts_with(|c: char| c.is_ascii_digit()) && l.contains("m"))
+        .map(|l| {
+            l.split_whitespace()
+                .map(|t| minutes_seconds_us(t).unwrap_or(0.0))
+                .sum()
+        })
+        .unwrap_or(f64::NAN);
+    Ok(Wrk {
+        rps,
+        p50_us,
+        cpu_us,
+    })
+}
+
+/// `0m1.230s` (the shell's `times`) → µs.
+fn minutes_seconds_us(t: &str) -> Option<f64> {
+    let (m, s) = t.strip_suffix('s')?.split_once('m')?;
+    Some((m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?) * 1e6)
 }
 
 /// `123.00us`, `1.20ms`, `2.00s` → µs.
@@ -142,13 +177,15 @@ fn duration_us(v: &str) -> anyhow::Result<f64> {
     bail!("unknown wrk latency `{v}`")
 }
 
+/// Runs wrk (after `prefix`) under a shell whose `times` then reports the
+/// CPU wrk used.
 fn wrk(prefix: &[&str], args: &[String]) -> anyhow::Result<Wrk> {
-    let (bin, rest) = prefix.split_first().unwrap_or((&"wrk", &[]));
-    let out = Command::new(bin)
-        .args(rest)
+    let out = Command::new("bash")
+        .args(["-c", "\"$@\" && times", "bash"])
+        .args(prefix)
         .args(args)
         .output()
-        .with_context(|| format!("running {bin}"))?;
+        .context("running wrk")?;
     ensure!(
         out.status.success(),
         "wrk failed: {}",
@@ -240,14 +277,22 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
     let mut out = Outcome::default();
     for round in 0..s.rounds {
         eprintln!("mayfly-bench: gateway round {} of {}", round + 1, s.rounds);
-        let direct = || {
-            wrk(
+        let nginx = nginx_pid().unwrap_or(0);
+        let mut direct_cpu = (0.0, 0.0);
+        let mut direct = || {
+            let before = cpu_us(nginx);
+            let w = wrk(
                 &direct_prefix,
                 &load(&direct_url, s.connections, s.seconds, None),
-            )
+            )?;
+            let n = (w.rps * s.seconds as f64).max(1.0);
+            direct_cpu = (
+                cpu_us(nginx).saturating_sub(before) as f64 / n,
+                w.cpu_us / n,
+            );
+            anyhow::Ok(w)
         };
-        let nginx = nginx_pid().unwrap_or(0);
-        let mut cpu = (0.0, 0.0);
+        let mut cpu = (0.0, 0.0, 0.0);
         let mut via = || {
             let before = (cpu_us(d.pid()), cpu_us(nginx));
             let w = wrk(
@@ -258,6 +303,7 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
             cpu = (
                 cpu_us(d.pid()).saturating_sub(before.0) as f64 / n,
                 cpu_us(nginx).saturating_sub(before.1) as f64 / n,
+                w.cpu_us / n,
             );
             anyhow::Ok(w)
         };
@@ -270,6 +316,7 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
         };
         out.throughput.push((d1.rps, g1.rps));
         out.cpu_us.push(cpu);
+        out.direct_cpu_us.push(direct_cpu);
         let secs = s.seconds.clamp(1, 5);
         let d1 = wrk(&direct_prefix, &load(&direct_url, 1, secs, None))?;
         let g1 = wrk(&["wrk"], &load(&gw_url, 1, secs, Some(&host)))?;
@@ -335,14 +382,26 @@ pub fn markdown(
         "| added gateway latency | p50 ≤ 200 µs | {added:.0} µs | {} |\n",
         yes(added <= 200.0)
     );
-    let (gw_cpu, ngx_cpu) = o.cpu_per_request();
+    let (gw_cpu, ngx_cpu, wrk_cpu) = o.cpu_per_request();
+    let (d_ngx, d_wrk) = o.direct_cpu_per_request();
+    let bound = (d_ngx + d_wrk) / (gw_cpu + ngx_cpu + wrk_cpu);
     let _ = writeln!(
         t,
-        "CPU per request through the gateway (user + system, from `/proc/<pid>/stat` around each \
-         throughput run): the daemon {gw_cpu:.0} µs, nginx {ngx_cpu:.0} µs. wrk, nginx and the gateway \
-         share {} vCPUs (with whatever else runs on the host): a proxy does the work of two \
-         connections per request, so on this host the ratio is bound by CPU, not by the latency the \
-         gateway adds.\n",
+        "CPU per request (user + system; the daemon and nginx from `/proc/<pid>/stat` around each \
+         throughput run, wrk from its shell's `times`), medians:\n\n\
+         | path | daemon | nginx | wrk | total |\n| --- | ---: | ---: | ---: | ---: |\n\
+         | direct | – | {d_ngx:.1} µs | {d_wrk:.1} µs | {:.1} µs |\n\
+         | gateway | {gw_cpu:.1} µs | {ngx_cpu:.1} µs | {wrk_cpu:.1} µs | {:.1} µs |\n",
+        d_ngx + d_wrk,
+        gw_cpu + ngx_cpu + wrk_cpu
+    );
+    let _ = writeln!(
+        t,
+        "wrk, nginx and the gateway share {} vCPUs (with whatever else runs on the host), so when \
+         they saturate them the ratio tends to direct CPU per request over gateway CPU per request: \
+         {bound:.2}× with these figures. A proxy does the socket work of two connections per request \
+         (two reads and two writes on loopback, each write running the receiver's TCP stack too), \
+         about twice nginx's, so the daemon's CPU per request cannot fall much below twice nginx's.\n",
         m("nproc")
     );
     t.push_str("| round | direct req/s | gateway req/s | ratio | direct p50 (c1) | gateway p50 (c1) |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -388,9 +447,9 @@ mod tests {
 
     #[test]
     fn wrk_output_is_read() {
-        let out = "Running 1s test\n  Latency Distribution\n     50%  129.00us\n     75%  1.20ms\nRequests/sec:  34331.72\n";
+        let out = "Running 1s test\n  Latency Distribution\n     50%  129.00us\n     75%  1.20ms\nRequests/sec:  34331.72\n0m0.001s 0m0.002s\n0m1.500s 0m2.250s\n";
         let w = parse_wrk(out).unwrap();
-        assert_eq!((w.rps, w.p50_us), (34331.72, 129.0));
+        assert_eq!((w.rps, w.p50_us, w.cpu_us), (34331.72, 129.0, 3_750_000.0));
         assert_eq!(duration_us("1.50ms").unwrap(), 1500.0);
     }
 

@@ -388,25 +388,32 @@ async fn destroy_and_daemon_crash_leave_no_namespace_listener_or_process() {
         .to_string_lossy()
         .into_owned();
     let token = d.client.ports(&id).await.unwrap().token;
-    // An override opens the in-sandbox listener; a request pools a connection.
+    // An override opens the in-sandbox listener; a request on a client
+    // connection kept open keeps that connection's upstream connection.
     d.client.set_override(&id, "api", 8000).await.unwrap();
     let url = format!("http://8000-{id}.localhost:{gw}/");
-    assert_eq!(
-        curl(&url, &["-H", &format!("X-Mayfly-Token: {token}")]).0,
-        200
+    let mut client = tokio::net::TcpStream::connect(("127.0.0.1", gw))
+        .await
+        .unwrap();
+    let req = format!(
+        "GET / HTTP/1.1\r\n{}\r\nX-Mayfly-Token: {token}\r\n\r\n",
+        host(8000, &id)
     );
+    client.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut client).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     // (The daemon also holds the namespaces it prepared ahead for egress.)
     assert!(
         netns_fds(d.pid).contains(&ns),
         "the daemon does not hold the sandbox's namespace"
     );
     // The daemon's sockets inside the sandbox: the 15080 listener and the
-    // pooled upstream connection.
+    // kept-alive upstream connection.
     let inside = tcp_inodes_in_netns_of(init);
     let held = sockets_held(d.pid, &inside);
     assert!(
         held.len() >= 2,
-        "expected a listener and a pooled connection: {held:?}"
+        "expected a listener and a kept-alive connection: {held:?}"
     );
 
     d.client.destroy(&id).await.unwrap();

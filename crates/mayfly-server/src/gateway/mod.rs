@@ -3,7 +3,7 @@
 //! their routing key (the shared-baseline pattern). It speaks HTTP/1.1 and
 //! HTTP/2 (h2c with prior knowledge) to clients, relays upgrades
 //! (WebSocket) and streams bodies both ways; upstream it speaks HTTP/1.1
-//! over pooled keep-alive connections.
+//! over keep-alive connections of each client connection's own.
 //!
 //! The same routing is served on a listener inside each sandbox that
 //! overrides a service (`127.0.0.1:15080` there), so a sandboxed service
@@ -12,11 +12,13 @@
 
 pub mod parse;
 pub mod proxy;
+pub mod upstream;
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::header::{HeaderValue, COOKIE, SET_COOKIE};
+use http::uri::PathAndQuery;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -27,7 +29,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use parse::{ParseError, Target};
-use proxy::{error, forward, GatewayBody, Upstream, UpstreamClient};
+use proxy::{error, forward, GatewayBody};
+use upstream::{Upstream, Upstreams};
 
 /// The default gateway listener.
 pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:4180";
@@ -47,7 +50,6 @@ pub struct Gateway {
 struct Inner {
     api: Arc<dyn SandboxApi>,
     domain: String,
-    client: UpstreamClient,
 }
 
 /// Where a request came in.
@@ -73,7 +75,6 @@ impl Gateway {
     pub fn new(api: Arc<dyn SandboxApi>, domain: &str) -> Gateway {
         Gateway {
             inner: Arc::new(Inner {
-                client: proxy::client(api.clone()),
                 api,
                 domain: domain.trim_matches('.').to_ascii_lowercase(),
             }),
@@ -82,10 +83,10 @@ impl Gateway {
 
     /// Serves the host's gateway listener, and the listeners the engine
     /// opens inside sandboxes, until the process ends, on `threads` threads
-    /// of its own. Each runs a single-threaded runtime with its own pool of
-    /// upstream connections, so a request, its upstream exchange and the
-    /// relayed body stay on one thread and never wait for the daemon's API
-    /// work (or the API for them).
+    /// of its own. Each runs a single-threaded runtime, so a client
+    /// connection, its upstream connections and the relayed bodies stay on
+    /// one thread and never wait for the daemon's API work (or the API for
+    /// them).
     pub fn spawn(self, listener: TcpListener, threads: usize) -> std::io::Result<()> {
         let listener = listener.into_std()?;
         let mut inside = self.inner.api.gateway().map(|g| g.in_sandbox_listeners());
@@ -100,7 +101,6 @@ impl Gateway {
                 .name(format!("mayfly-gateway-{i}"))
                 .spawn(move || {
                     rt.block_on(async move {
-                        // The upstream pool lives on this thread's runtime.
                         let gw = Gateway::new(api, &domain);
                         if let Some(mut inside) = inside {
                             let gw = gw.clone();
@@ -164,9 +164,12 @@ impl Gateway {
             let mut b = auto::Builder::new(TokioExecutor::new());
             b.http1().max_buf_size(MAX_HEADER_BYTES.max(8192));
             b.http2().max_header_list_size(MAX_HEADER_BYTES as u32);
+            // The client connection's own upstream connections: dropped
+            // with it, which closes them.
+            let conns = Upstreams::default();
             let svc = hyper::service::service_fn(move |req| {
-                let (gw, entry) = (self.clone(), entry.clone());
-                async move { Ok::<_, Infallible>(gw.handle(req, &entry).await) }
+                let (gw, entry, conns) = (self.clone(), entry.clone(), conns.clone());
+                async move { Ok::<_, Infallible>(gw.handle(req, &entry, &conns).await) }
             });
             let conn = b.serve_connection_with_upgrades(TokioIo::new(stream), svc);
             match gone {
@@ -183,7 +186,12 @@ impl Gateway {
         });
     }
 
-    async fn handle(&self, mut req: Request<Incoming>, entry: &Entry) -> Response<GatewayBody> {
+    async fn handle(
+        &self,
+        mut req: Request<Incoming>,
+        entry: &Entry,
+        conns: &Upstreams,
+    ) -> Response<GatewayBody> {
         let host = parse::request_host(req.headers(), req.uri());
         let target = match parse::target(req.headers(), host.as_deref(), &self.inner.domain) {
             Ok(t) => t,
@@ -209,7 +217,10 @@ impl Gateway {
                 }
                 let from_query = token.as_ref().is_some_and(|t| t.1);
                 let pq = if from_query {
-                    parse::strip_token_param(req.uri())
+                    match parse::strip_token_param(req.uri()).parse() {
+                        Ok(pq) => pq,
+                        Err(_) => return bad_target(),
+                    }
                 } else {
                     path_and_query(req.uri())
                 };
@@ -232,13 +243,8 @@ impl Gateway {
                         }
                     }
                 }
-                let mut resp = forward(
-                    &self.inner.client,
-                    req,
-                    Upstream::Sandbox { id: &id, port },
-                    &pq,
-                )
-                .await;
+                let to = Upstream::Sandbox { id: &id, port };
+                let mut resp = forward(api, conns, req, to, pq).await;
                 if let (true, Some((t, _))) = (from_query, token) {
                     let cookie =
                         format!("{}={t}; Path=/; HttpOnly; SameSite=Lax", parse::TOKEN_PARAM);
@@ -253,20 +259,23 @@ impl Gateway {
                 let pq = path_and_query(req.uri());
                 match api.route(&name, key.as_ref()) {
                     Ok(RouteTarget::Sandbox { id, port }) => {
-                        forward(
-                            &self.inner.client,
-                            req,
-                            Upstream::Sandbox { id: &id, port },
-                            &pq,
-                        )
-                        .await
+                        let to = Upstream::Sandbox { id: &id, port };
+                        forward(api, conns, req, to, pq).await
                     }
                     Ok(RouteTarget::Baseline(u)) => {
-                        let to = Upstream::Baseline {
-                            authority: &u.authority,
-                            prefix: &u.prefix,
+                        let pq = if u.prefix.is_empty() {
+                            Ok(pq)
+                        } else {
+                            format!("{}{pq}", u.prefix).parse()
                         };
-                        forward(&self.inner.client, req, to, &pq).await
+                        let Ok(pq) = pq else {
+                            return bad_target();
+                        };
+                        let to = Upstream::Baseline {
+                            host: &u.host,
+                            port: u.port,
+                        };
+                        forward(api, conns, req, to, pq).await
                     }
                     Err(e) => engine_error(e),
                 }
@@ -275,8 +284,15 @@ impl Gateway {
     }
 }
 
-fn path_and_query(uri: &http::Uri) -> String {
+fn path_and_query(uri: &http::Uri) -> PathAndQuery {
     uri.path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".to_owned())
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
+fn bad_target() -> Response<GatewayBody> {
+    error(
+        ErrorCode::InvalidArgument,
+        "the request target is not a valid path",
+    )
 }

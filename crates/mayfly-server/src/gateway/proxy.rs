@@ -1,88 +1,23 @@
 //! Forwarding one request to its upstream, and its answer back: streamed
 //! both ways (no buffering), upgrades (WebSocket) relayed as raw bytes,
-//! upstream connections pooled and kept alive per (sandbox, port) or
-//! baseline.
-
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
+//! over the client connection's own kept-alive upstream connections
+//! ([`super::upstream`]).
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use mayfly_engine::SandboxApi;
-use mayfly_types::{ApiError, ErrorCode, SandboxId};
-use tokio::net::TcpStream;
+use hyper_util::rt::TokioIo;
+use mayfly_engine::GatewayApi;
+use mayfly_types::{ApiError, ErrorCode};
+
+use super::upstream::{Upstream, UpstreamError, Upstreams};
 
 /// The body of everything the gateway answers: the upstream's, streamed,
 /// or one of its own JSON errors.
 pub type GatewayBody = Either<Incoming, Full<Bytes>>;
-
-/// Upstream URIs of a sandbox port have the host `<id>.mayfly.sandbox`
-/// (never resolvable), so the pool keys them apart from baselines and the
-/// connector knows to connect inside the sandbox.
-const SANDBOX_SUFFIX: &str = ".mayfly.sandbox";
-
-/// Pooled upstream connections idle this long are closed.
-const POOL_IDLE: Duration = Duration::from_secs(30);
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Connects upstream: inside a sandbox's network namespace through the
-/// engine, or to a baseline on the host.
-#[derive(Clone)]
-pub struct Connector {
-    api: Arc<dyn SandboxApi>,
-}
-
-impl tower_service::Service<Uri> for Connector {
-    type Response = TokioIo<TcpStream>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let api = self.api.clone();
-        Box::pin(async move {
-            let host = uri.host().ok_or("upstream URI without a host")?;
-            let port = uri.port_u16().unwrap_or(80);
-            if let Some(id) = host.strip_suffix(SANDBOX_SUFFIX) {
-                let id: SandboxId = id.parse()?;
-                let gw = api.gateway().ok_or("no gateway")?;
-                return Ok(TokioIo::new(gw.connect(&id, port).await?));
-            }
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let s = TcpStream::connect((host, port)).await?;
-            let _ = s.set_nodelay(true);
-            Ok(TokioIo::new(s))
-        })
-    }
-}
-
-pub type UpstreamClient = Client<Connector, Incoming>;
-
-pub fn client(api: Arc<dyn SandboxApi>) -> UpstreamClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE)
-        .pool_max_idle_per_host(256)
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(Connector { api })
-}
-
-/// Where a request goes upstream.
-pub enum Upstream<'a> {
-    Sandbox { id: &'a SandboxId, port: u16 },
-    Baseline { authority: &'a str, prefix: &'a str },
-}
 
 /// Headers that belong to one connection, not to the request (RFC 9110
 /// 7.6.1), plus the gateway's own.
@@ -134,31 +69,16 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response<GatewayBod
     r
 }
 
-/// Sends `req` to `to`, with `path_and_query` as its target, and returns
-/// the answer as it streams in.
+/// Sends `req` to `to` over one of the client connection's upstream
+/// connections, with `target` (origin-form) as its request target, and
+/// returns the answer as it streams in.
 pub async fn forward(
-    client: &UpstreamClient,
+    api: &dyn GatewayApi,
+    conns: &Upstreams,
     mut req: Request<Incoming>,
     to: Upstream<'_>,
-    path_and_query: &str,
+    target: PathAndQuery,
 ) -> Response<GatewayBody> {
-    let uri = match &to {
-        Upstream::Sandbox { id, port } => {
-            format!("http://{id}{SANDBOX_SUFFIX}:{port}{path_and_query}")
-        }
-        Upstream::Baseline { authority, prefix } => {
-            format!("http://{authority}{prefix}{path_and_query}")
-        }
-    };
-    let uri: Uri = match uri.parse() {
-        Ok(u) => u,
-        Err(_) => {
-            return error(
-                ErrorCode::InvalidArgument,
-                "the request target is not a valid path",
-            )
-        }
-    };
     // HTTP/2 requests carry their host in the URI; the upstream speaks
     // HTTP/1.1 and reads it from Host.
     if !req.headers().contains_key(header::HOST) {
@@ -178,19 +98,12 @@ pub async fn forward(
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         req.headers_mut().insert(header::UPGRADE, u.clone());
     }
-    *req.uri_mut() = uri;
+    *req.uri_mut() = Uri::from(target);
     *req.version_mut() = Version::HTTP_11;
-    let mut resp = match client.request(req).await {
+    let mut resp = match conns.send(api, to, req, upgrade.is_none()).await {
         Ok(r) => r,
-        Err(e) => {
-            let why = std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| e.to_string());
-            return error(
-                ErrorCode::BadGateway,
-                format!("the upstream did not answer: {why}"),
-            );
-        }
+        Err(UpstreamError::Engine(e)) => return super::engine_error(e),
+        Err(e) => return error(ErrorCode::BadGateway, e.to_string()),
     };
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_side) = client_upgrade {
