@@ -68,9 +68,14 @@ pub async fn claims(
 ) -> anyhow::Result<()> {
     let c = &d.client;
     set_pool(c, 8, 1).await?;
-    let (mut api, mut daemon) = (Samples::new(), Samples::new());
+    let (mut api, mut daemon, mut floor) = (Samples::new(), Samples::new(), Samples::new());
     for i in 0..warmup + n {
         settle(c, 8, Duration::from_secs(30)).await?;
+        // The floor of any request on this host and connection: a health
+        // check, the same client, just before the claim.
+        let t = Instant::now();
+        call("checking health", c.health()).await?;
+        let health = t.elapsed();
         let t = Instant::now();
         let sb = call("claiming a sandbox", c.create(&CreateRequest::default())).await?;
         let took = t.elapsed();
@@ -83,6 +88,7 @@ pub async fn claims(
         );
         if i >= warmup {
             api.push(took);
+            floor.push(health);
             if let Some(ms) = sb.create_ms {
                 daemon.push_ms(ms);
             }
@@ -91,6 +97,7 @@ pub async fn claims(
     }
     report.add("claim", api);
     report.add("claim_daemon", daemon);
+    report.add("claim_floor", floor);
     call("draining the pool", c.drain_pool(POOL)).await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::density::{Density, FIELDS};
 use crate::stats::{paired_ratio_median, Samples, Summary};
 
 /// Every series the bench can produce, in report order, with its label.
-const MEASURES: [(&str, &str); 23] = [
+const MEASURES: [(&str, &str); 24] = [
     ("create", "create→ready, API round trip"),
     ("create_daemon", "create→ready, daemon's own `create_ms`"),
     ("destroy", "destroy, API returns"),
@@ -26,6 +26,10 @@ const MEASURES: [(&str, &str); 23] = [
         "warm claim (create from a full pool), API round trip",
     ),
     ("claim_daemon", "warm claim, daemon's own `create_ms`"),
+    (
+        "claim_floor",
+        "`GET /healthz` round trip, same client, just before each claim (floor)",
+    ),
     (
         "run_daemon",
         "`mayfly run -- /bin/true` through a daemon with a warm pool",

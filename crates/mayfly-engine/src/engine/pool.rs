@@ -35,6 +35,11 @@ pub const DEFAULT_REFILL_CONCURRENCY: u32 = 1;
 pub const MAX_REFILL_CONCURRENCY: u32 = 16;
 /// How long a pool waits after a failed boot before it tries again.
 pub(crate) const FAILURE_BACKOFF: Duration = Duration::from_secs(1);
+/// How long refill holds off after a claim while the pool is at least half
+/// full: the claimed sandbox is about to be used (`mayfly run` execs in it
+/// at once), and a boot started now would take a core from that request on
+/// a small host. A pool below half its target refills at once.
+pub(crate) const CLAIM_GRACE: Duration = Duration::from_millis(25);
 
 /// What a claim's record says, committed after the claim is answered.
 struct ClaimRecord {
@@ -74,6 +79,8 @@ pub(crate) struct Pool {
     pub generation: u64,
     /// No boot starts before this (after a failure).
     pub backoff_until: Option<Instant>,
+    /// When the last claim took a sandbox (see [`CLAIM_GRACE`]).
+    pub last_claim: Option<Instant>,
 }
 
 /// Every pool of an engine, by name, and what wakes their refill.
@@ -154,6 +161,7 @@ impl Engine {
                 for (name, p) in fits {
                     if let Some(id) = p.ready.pop_front() {
                         p.claims += 1;
+                        p.last_claim = Some(Instant::now());
                         got = Some((id, name.clone()));
                         break;
                     }
@@ -359,6 +367,7 @@ impl Engine {
                 misses: 0,
                 generation: 0,
                 backoff_until: None,
+                last_claim: None,
             });
             let template = template.unwrap_or_else(|| p.template.clone());
             let network = spec.network.unwrap_or(p.network);

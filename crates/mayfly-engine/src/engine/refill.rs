@@ -6,6 +6,9 @@
 //! only one at a time in all while a cold create is in flight (those are
 //! requests waiting), and never past the daemon's cap on live sandboxes. A failed boot holds that
 //! pool's refill back for a second, so a broken template cannot spin.
+//! Right after a claim, a pool that is still at least half full waits
+//! `CLAIM_GRACE` before it boots, so the claimed sandbox's first request
+//! (often an exec, as in `mayfly run`) does not share the CPU with a boot.
 
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
@@ -27,28 +30,31 @@ impl Engine {
         let wake = self.inner.pools.wake.clone();
         tokio::spawn(async move {
             loop {
-                {
+                let tick = Instant::now() + TICK;
+                let deadline = {
                     let Some(inner) = weak.upgrade() else { return };
                     let engine = Engine { inner };
                     if engine.inner.shutting_down.load(Ordering::SeqCst) {
                         return;
                     }
-                    engine.start_boots();
-                }
+                    engine.start_boots().map_or(tick, |t| t.min(tick))
+                };
                 tokio::select! {
                     _ = wake.notified() => {}
-                    _ = tokio::time::sleep(TICK) => {}
+                    _ = tokio::time::sleep_until(deadline.into()) => {}
                 }
             }
         });
     }
 
-    /// Starts the boots the pools are owed, within their bounds.
-    fn start_boots(&self) {
+    /// Starts the boots the pools are owed, within their bounds. Returns
+    /// when the earliest boot held back by a claim's grace may start.
+    fn start_boots(&self) -> Option<Instant> {
         let cap = self.inner.cfg.slots() as usize;
         let mut live = self.live_count();
         let now = Instant::now();
         let mut starts: Vec<(String, u64, Boot)> = Vec::new();
+        let mut held: Option<Instant> = None;
         {
             let mut pools = self.lock_pools();
             // While cold creates are in flight (requests waiting), refill
@@ -64,6 +70,13 @@ impl Engine {
             for (name, p) in pools.iter_mut() {
                 if p.backoff_until.is_some_and(|t| t > now) {
                     continue;
+                }
+                let grace = p.last_claim.map(|t| t + super::pool::CLAIM_GRACE);
+                if let Some(until) = grace.filter(|u| *u > now) {
+                    if 2 * (p.ready.len() as u32 + p.filling) >= p.target {
+                        held = Some(held.map_or(until, |h| h.min(until)));
+                        continue;
+                    }
                 }
                 while (p.ready.len() as u32 + p.filling) < p.target
                     && p.filling < p.refill_concurrency
@@ -115,6 +128,7 @@ impl Engine {
             // destroy what they made.
             self.track_cleanup(task);
         }
+        held
     }
 
     /// Puts a finished boot into its pool, or destroys it when the pool no
