@@ -351,15 +351,7 @@ pub fn markdown(
          gateway minus its p50 direct. Figures are medians over the rounds.\n\n",
     );
     let _ = writeln!(t, "Measured on {}.\n", m("date"));
-    let _ = writeln!(
-        t,
-        "- **Machine:** Linux {}, {} vCPUs ({}), {} memory; load average {} at the start.",
-        m("kernel"),
-        m("nproc"),
-        m("cpu"),
-        m("memory"),
-        m("load")
-    );
+    let _ = writeln!(t, "{}", crate::host::machine_line(machine));
     let _ = writeln!(
         t,
         "- **Load:** `wrk -t1 -c{} -d{}s`, {} rounds.",
@@ -419,19 +411,7 @@ pub fn markdown(
 
 /// Puts the section into `file`: replaces the previous one, or appends.
 pub fn write_section(file: &Path, section: &str) -> anyhow::Result<()> {
-    let old = std::fs::read_to_string(file).unwrap_or_default();
-    let new = match (old.find(START), old.find(END)) {
-        (Some(a), Some(b)) if a < b => {
-            format!(
-                "{}{}{}",
-                &old[..a],
-                section.trim_end(),
-                &old[b + END.len()..]
-            )
-        }
-        _ => format!("{}\n{}", old.trim_end(), section),
-    };
-    std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))
+    crate::section::write(file, START, END, section)
 }
 
 #[cfg(test)]

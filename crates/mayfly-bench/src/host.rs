@@ -195,7 +195,7 @@ pub fn machine() -> BTreeMap<&'static str, String> {
 
 /// The machine as one markdown list item: kernel, CPUs, memory, and how
 /// busy the host was when the run started.
-pub fn machine_line(m: &BTreeMap<&'static str, String>) -> String {
+pub fn machine_line(m: &BTreeMap<&str, String>) -> String {
     let g = |k: &str| m.get(k).map_or("?", String::as_str);
     format!(
         "- **Machine:** Linux {}, {} vCPUs ({}), {} memory; load average {} at the start.",

@@ -393,17 +393,7 @@ pub fn markdown(r: &NetReport, when: &str, machine: &str, command: &str, commit:
     s
 }
 
-/// Replaces the section in `file` (or appends it).
+/// Puts the section into `file`: replaces the previous one, or appends.
 pub fn write_section(file: &Path, section: &str) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    let new = match (text.find(BEGIN), text.find(END)) {
-        (Some(b), Some(e)) if e > b => format!(
-            "{}{}{}",
-            &text[..b],
-            section.trim_end(),
-            &text[e + END.len()..]
-        ),
-        _ => format!("{}\n{}", text.trim_end(), section),
-    };
-    std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))
+    crate::section::write(file, BEGIN, END, section)
 }
