@@ -17,6 +17,7 @@ mod cmd_stats;
 mod cmd_template;
 mod cmd_top;
 mod output;
+mod parse;
 
 use clap::Parser;
 
