@@ -71,9 +71,19 @@ impl Client {
     /// A client of the daemon listening on the unix socket at `path`.
     /// Nothing is connected until the first call.
     pub fn unix(path: impl AsRef<Path>) -> Client {
+        Client::unix_connected(path, None)
+    }
+
+    /// [`Client::unix`] whose first request goes over `conn`, a connection
+    /// to the same socket made already (for example to check that a daemon
+    /// answers), instead of a new one.
+    pub fn unix_connected(
+        path: impl AsRef<Path>,
+        conn: Option<std::os::unix::net::UnixStream>,
+    ) -> Client {
         let path: PathBuf = path.as_ref().to_path_buf();
         Client {
-            transport: Transport::unix(&path),
+            transport: Transport::unix(&path, conn),
             base: Arc::from("http://localhost"),
             auth: None,
             target: Arc::from(format!("unix:{}", path.display())),

@@ -25,6 +25,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug)]
 pub(crate) struct UnixConnector {
     path: Arc<Path>,
+    /// A connection made before the client existed (the CLI's check that
+    /// a daemon answers), used for the first request instead of a new one.
+    ready: Arc<std::sync::Mutex<Option<std::os::unix::net::UnixStream>>>,
 }
 
 impl tower::Service<Uri> for UnixConnector {
@@ -38,7 +41,14 @@ impl tower::Service<Uri> for UnixConnector {
 
     fn call(&mut self, _: Uri) -> Self::Future {
         let path = self.path.clone();
-        Box::pin(async move { UnixStream::connect(&*path).await.map(TokioIo::new) })
+        let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Box::pin(async move {
+            if let Some(s) = ready {
+                s.set_nonblocking(true)?;
+                return UnixStream::from_std(s).map(TokioIo::new);
+            }
+            UnixStream::connect(&*path).await.map(TokioIo::new)
+        })
     }
 }
 
@@ -50,9 +60,10 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    pub(crate) fn unix(path: &Path) -> Self {
+    pub(crate) fn unix(path: &Path, ready: Option<std::os::unix::net::UnixStream>) -> Self {
         let connector = UnixConnector {
             path: Arc::from(path),
+            ready: Arc::new(std::sync::Mutex::new(ready)),
         };
         Transport::Unix(builder().build(connector))
     }

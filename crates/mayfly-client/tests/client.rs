@@ -396,3 +396,21 @@ async fn sequential_calls_reuse_one_kept_alive_connection() {
     c.get(&sb.id).await.expect("get");
     assert_eq!(connections.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_connection_made_before_the_client_carries_its_first_request() {
+    let d = daemon().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (proxy, connections) = counting_proxy(dir.path(), d.sock.clone()).await;
+    // The CLI's check that a daemon answers, made with std before any client.
+    let probe = std::os::unix::net::UnixStream::connect(&proxy).expect("probe");
+    let c = Client::unix_connected(&proxy, Some(probe));
+    let sb = c.create(&CreateRequest::default()).await.expect("create");
+    c.exec(&sb.id, &argv(&["echo", "x"])).await.expect("exec");
+    c.get(&sb.id).await.expect("get");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "the probe's connection served every request; no second one was made"
+    );
+}

@@ -487,7 +487,7 @@ impl Cli {
     pub fn client(&self) -> anyhow::Result<Client> {
         let client = match &self.url {
             Some(url) => Client::tcp(url, self.token.as_deref())?,
-            None => Client::unix(&self.socket),
+            None => Client::unix_connected(&self.socket, probe_slot().take()),
         };
         match &self.api_key {
             Some(key) => Ok(client.with_api_key(key)?),
@@ -496,9 +496,28 @@ impl Cli {
     }
 
     /// Whether a daemon answers on the configured socket (or a URL is set).
+    /// The connection that shows it is kept for the client's first request.
     pub fn daemon_reachable(&self) -> bool {
-        self.url.is_some() || std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+        if self.url.is_some() {
+            return true;
+        }
+        match std::os::unix::net::UnixStream::connect(&self.socket) {
+            Ok(conn) => {
+                *probe_slot() = Some(conn);
+                true
+            }
+            Err(_) => false,
+        }
     }
+}
+
+/// The connection [`Cli::daemon_reachable`] made, until [`Cli::client`]
+/// takes it: one connection per command instead of two, so the daemon
+/// does not accept and tear down an empty one next to the real request.
+fn probe_slot() -> std::sync::MutexGuard<'static, Option<std::os::unix::net::UnixStream>> {
+    static SLOT: std::sync::Mutex<Option<std::os::unix::net::UnixStream>> =
+        std::sync::Mutex::new(None);
+    SLOT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
