@@ -19,6 +19,7 @@ use mayfly_types::{CreateRequest, SandboxId, StartProcessRequest};
 
 use crate::api::call;
 use crate::daemon::{Daemon, Scratch};
+use crate::stats::median;
 
 const NGINX: &str = "/usr/sbin/nginx";
 const PORT: u16 = 8080;
@@ -91,13 +92,6 @@ fn nginx_pid() -> Option<u32> {
         let cmd = String::from_utf8_lossy(&cmd);
         (cmd.starts_with(NGINX) && cmd.contains("/workspace/nginx.conf")).then_some(pid)
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(f64::NAN)
 }
 
 impl Outcome {

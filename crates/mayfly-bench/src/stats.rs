@@ -6,6 +6,16 @@
 
 use serde_json::{json, Value};
 
+/// The median of `v`'s finite values (the lower one of an even count);
+/// NaN when there is none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    v.get(v.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 /// One measure's samples, in milliseconds, each tagged with the iteration
 /// it was taken in (so series sampled on different iterations still pair up).
 #[derive(Debug, Clone, Default)]

@@ -3,19 +3,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::stats::Samples;
+use crate::stats::{median, Samples};
 use crate::templates::{Outcome, Setup};
 
 pub const BEGIN: &str = "<!-- mayfly-bench templates: start -->";
 pub const END: &str = "<!-- mayfly-bench templates: end -->";
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    v.sort_by(f64::total_cmp);
-    v.get(v.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
 
 fn p50(s: &Samples) -> f64 {
     s.summary().map_or(f64::NAN, |s| s.p50)

@@ -42,3 +42,31 @@ pub struct ExecAudit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
 }
+
+impl ExecAudit {
+    /// The record of a command about to run: no outcome yet (the caller
+    /// fills it in when the command ends, or could not start).
+    pub fn begin(
+        sandbox_id: String,
+        at: UnixMillis,
+        argv: Vec<String>,
+        caller: String,
+        kind: Option<String>,
+    ) -> ExecAudit {
+        ExecAudit {
+            sandbox_id,
+            at,
+            argv,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            error: None,
+            duration_us: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            caller,
+            kind,
+            output: None,
+        }
+    }
+}

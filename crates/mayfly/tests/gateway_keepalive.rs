@@ -38,15 +38,22 @@ async fn exchange(s: &mut TcpStream, port: u16, id: &SandboxId) -> (u16, String)
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-#[tokio::test]
-async fn each_request_on_a_kept_alive_connection_goes_where_its_host_says() {
+/// A daemon with sandboxes `alpha` and `beta` each serving a public port
+/// 8000, and one connection to its gateway.
+async fn alpha_beta_on_one_connection() -> (common::Daemon, SandboxId, SandboxId, TcpStream) {
     let (d, gw) = daemon().await;
     let a = sandbox_serving(&d, "alpha", 8000, None).await;
     let b = sandbox_serving(&d, "beta", 8000, None).await;
     for id in [&a, &b] {
         d.client.expose(id, 8000, true).await.expect("expose");
     }
-    let mut s = TcpStream::connect(("127.0.0.1", gw)).await.unwrap();
+    let s = TcpStream::connect(("127.0.0.1", gw)).await.unwrap();
+    (d, a, b, s)
+}
+
+#[tokio::test]
+async fn each_request_on_a_kept_alive_connection_goes_where_its_host_says() {
+    let (d, a, b, mut s) = alpha_beta_on_one_connection().await;
     for _ in 0..3 {
         assert_eq!(
             exchange(&mut s, 8000, &a).await,
@@ -73,13 +80,7 @@ async fn each_request_on_a_kept_alive_connection_goes_where_its_host_says() {
 
 #[tokio::test]
 async fn a_sandbox_destroyed_mid_connection_is_refused_on_the_next_request() {
-    let (d, gw) = daemon().await;
-    let a = sandbox_serving(&d, "alpha", 8000, None).await;
-    let b = sandbox_serving(&d, "beta", 8000, None).await;
-    for id in [&a, &b] {
-        d.client.expose(id, 8000, true).await.expect("expose");
-    }
-    let mut s = TcpStream::connect(("127.0.0.1", gw)).await.unwrap();
+    let (d, a, b, mut s) = alpha_beta_on_one_connection().await;
     assert_eq!(
         exchange(&mut s, 8000, &a).await,
         (200, "hello from alpha".into())

@@ -353,21 +353,13 @@ impl Engine {
         r: Result<&ExecResult, &EngineError>,
         caller: &Caller,
     ) {
-        let mut a = ExecAudit {
-            sandbox_id: sb.id.to_string(),
-            at: now_ms(),
-            argv: argv.to_vec(),
-            exit_code: None,
-            signal: None,
-            timed_out: false,
-            error: None,
-            duration_us: 0,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            caller: caller.name.clone(),
-            kind: None,
-            output: None,
-        };
+        let mut a = ExecAudit::begin(
+            sb.id.to_string(),
+            now_ms(),
+            argv.to_vec(),
+            caller.name.clone(),
+            None,
+        );
         match r {
             Ok(r) => {
                 a.exit_code = r.status.exit_code;

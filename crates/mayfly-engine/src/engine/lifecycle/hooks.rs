@@ -104,21 +104,13 @@ impl Engine {
         caller: &Caller,
     ) -> Option<(String, String)> {
         let secrets = &sb.lifecycle().secrets;
-        let mut audit = ExecAudit {
-            sandbox_id: sb.id.to_string(),
-            at: now_ms(),
-            argv: hook.command.clone(),
-            exit_code: None,
-            signal: None,
-            timed_out: false,
-            error: None,
-            duration_us: 0,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            caller: caller.name.clone(),
-            kind: Some(format!("hook:{}", point.as_str())),
-            output: None,
-        };
+        let mut audit = ExecAudit::begin(
+            sb.id.to_string(),
+            now_ms(),
+            hook.command.clone(),
+            caller.name.clone(),
+            Some(format!("hook:{}", point.as_str())),
+        );
         let spec = CommandSpec::new(
             hook.command.clone(),
             Default::default(),
