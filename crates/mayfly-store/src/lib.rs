@@ -34,7 +34,7 @@ use rusqlite::Connection;
 
 pub use bus::{Subscription, BUS_CAPACITY};
 pub use error::StoreError;
-pub use sandboxes::{SandboxRecord, Transition};
+pub use sandboxes::{PoolClaim, SandboxRecord, Transition};
 pub use stats::{percentiles, StatsQuery};
 pub use tenants::{constant_time_eq, KeyCheck, NewKey, TenantRecord, TenantRemoval};
 

@@ -163,8 +163,6 @@ pub struct ServeArgs {
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: u32,
-    /// A warm pool, `NAME=TARGET[,max=N][,concurrency=N][,template=T]`;
-    /// repeat for more. `host=0` turns the default pool off.
     /// A static DNS table for sandboxes' resolver, `/etc/hosts` format
     /// (`ADDRESS NAME…`), looked at before the host's resolver.
     #[arg(long)]
@@ -176,6 +174,8 @@ pub struct ServeArgs {
     /// Network namespaces kept prepared for creates with egress.
     #[arg(long, default_value_t = 4)]
     pub egress_pool: usize,
+    /// A warm pool, `NAME=TARGET[,max=N][,concurrency=N][,template=T]`;
+    /// repeat for more. `host=0` turns the default pool off.
     #[arg(long = "pool", value_parser = crate::cmd_pool::parse_pool_flag,
           default_value = "host=4")]
     pub pools: Vec<(String, mayfly_types::PoolSpec)>,

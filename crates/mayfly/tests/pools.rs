@@ -128,6 +128,62 @@ async fn a_claimed_sandbox_is_fresh_and_never_goes_back() {
     assert_eq!(p.misses, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_made_together_are_each_recorded_and_streamed() {
+    let d = Daemon::start_with(&["--pool", "host=8,concurrency=4"]).await;
+    wait_ready(&d, "host", 8).await;
+    let mut stream = d.client.event_stream(None).await.expect("event stream");
+    // Eight claims at once: their records are committed together, after
+    // the answers.
+    let claims: Vec<_> = (0..8)
+        .map(|n| {
+            let c = d.client.clone();
+            tokio::spawn(async move {
+                let req = CreateRequest {
+                    labels: BTreeMap::from([("n".into(), n.to_string())]),
+                    ..CreateRequest::default()
+                };
+                c.create(&req).await.expect("claim")
+            })
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for (n, c) in claims.into_iter().enumerate() {
+        let sb = c.await.expect("claim task");
+        assert_eq!(sb.source, SandboxSource::Pool, "{sb:?}");
+        // A read right after the answer sees the claim's record.
+        let rec = d.client.get(&sb.id).await.expect("the claimed record");
+        assert_eq!(rec.tenant.as_deref(), Some("default"));
+        assert_eq!(rec.labels.get("n"), Some(&n.to_string()), "{rec:?}");
+        assert_eq!(rec.created_at, sb.created_at);
+        assert!(ids.insert(sb.id.to_string()), "{} claimed twice", sb.id);
+    }
+    // Each claim is one stored `claimed` event, also published live.
+    let mut streamed = std::collections::BTreeSet::new();
+    while streamed.len() < ids.len() {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("claimed events streamed: {streamed:?} of {ids:?}"))
+            .expect("no stream error")
+            .expect("the stream stays open");
+        if ev.kind == "claimed" {
+            assert!(streamed.insert(ev.sandbox_id.clone().expect("its sandbox")));
+        }
+    }
+    assert_eq!(streamed, ids);
+    let stored: std::collections::BTreeSet<_> = d
+        .client
+        .events(0, 10_000)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "claimed")
+        .filter_map(|e| e.sandbox_id)
+        .collect();
+    assert_eq!(stored, ids);
+    assert_eq!(pool(&d, "host").await.claims, 8);
+}
+
 #[tokio::test]
 async fn a_create_that_does_not_fit_goes_cold_and_says_so() {
     let d = Daemon::start_with(&["--pool", "host=1"]).await;

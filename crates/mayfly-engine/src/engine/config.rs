@@ -118,9 +118,12 @@ impl EngineConfig {
 
     /// One file per stub made by this state directory's owners, naming the
     /// owner, so recovery removes exactly the stubs of dead owners and never
-    /// those of another live daemon or `mayfly run`.
+    /// those of another live daemon or `mayfly run`. With the sandboxes'
+    /// directories, which a stub makes ahead: every stub creates and removes
+    /// its marker, and on a filesystem where a file create is costly (ext4
+    /// without a journal) a scratch tmpfs spares it that too.
     pub fn stubs_dir(&self) -> PathBuf {
-        self.state_dir.join("stubs")
+        self.scratch_root().join("stubs")
     }
 
     /// `<state>/artifacts`: collected artifacts, one directory per sandbox.

@@ -3,6 +3,7 @@
 
 mod api_impl;
 pub(crate) mod artifacts;
+mod claims;
 mod config;
 mod create;
 mod destroy;

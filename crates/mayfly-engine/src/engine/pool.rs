@@ -24,6 +24,7 @@ use mayfly_types::{
     TemplateRef,
 };
 
+use super::claims::ClaimRecord;
 use super::create::{base_env, Boot};
 use super::{now_ms, Engine};
 use crate::api::Caller;
@@ -40,18 +41,6 @@ pub(crate) const FAILURE_BACKOFF: Duration = Duration::from_secs(1);
 /// at once), and a boot started now would take a core from that request on
 /// a small host. A pool below half its target refills at once.
 pub(crate) const CLAIM_GRACE: Duration = Duration::from_millis(25);
-
-/// What a claim's record says, committed after the claim is answered.
-struct ClaimRecord {
-    pool: String,
-    tenant: String,
-    caller: String,
-    template: String,
-    labels: std::collections::BTreeMap<String, String>,
-    claimed_at: u64,
-    expires_at: u64,
-    claim_ms: f64,
-}
 
 /// One pool: its settings and its unclaimed sandboxes.
 pub(crate) struct Pool {
@@ -90,6 +79,8 @@ pub(crate) struct Pools {
     pub wake: Arc<tokio::sync::Notify>,
     /// Cold creates in flight; refill waits while there are any.
     pub foreground: std::sync::atomic::AtomicUsize,
+    /// Claims whose records are not committed yet.
+    pub claims: super::claims::PendingClaims,
 }
 
 /// Held while a cold create runs: refill starts no boot meanwhile.
@@ -243,54 +234,6 @@ impl Engine {
             );
             return Ok(Some(info));
         }
-    }
-
-    /// Commits a claim's record off the answer path (the claim is already
-    /// answered), then releases the sandbox's record lock. The sandbox
-    /// cannot outlive the daemon, so a claim whose record is lost to a
-    /// crash in that window leaves a record of an unclaimed pool sandbox
-    /// that ended with the daemon, which is what every durable trace of it
-    /// says. A commit that fails destroys the sandbox (reason
-    /// `claim_failed`): nothing runs in a sandbox whose record does not say
-    /// whose it is.
-    fn record_claim(
-        &self,
-        sb: Arc<super::sandbox::Sandbox>,
-        record: tokio::sync::OwnedRwLockWriteGuard<()>,
-        c: ClaimRecord,
-    ) {
-        let engine = self.clone();
-        let task = tokio::task::spawn_blocking(move || {
-            let detail = serde_json::json!({
-                "claim_us": (c.claim_ms * 1000.0).round() as u64,
-                "pool": c.pool,
-                "tenant": c.tenant,
-                "caller": c.caller,
-                "template": c.template,
-                "source": "pool",
-            });
-            let t = Instant::now();
-            let done = engine.inner.store.claim_pooled(
-                &sb.id,
-                &c.tenant,
-                &c.labels,
-                c.claimed_at,
-                c.expires_at,
-                c.claim_ms,
-                &detail,
-            );
-            drop(record);
-            tracing::debug!(id = %sb.id, claim_ms = c.claim_ms, record = ?t.elapsed(), "claim recorded");
-            if let Err(e) = done {
-                tracing::error!(id = %sb.id, error = %e, "recording a claim failed; destroying the sandbox");
-                engine.destroy_in_background(sb, "claim_failed");
-            }
-            // Refill only once this claim is answered and recorded: a boot
-            // started earlier would compete with it for the store and the CPU.
-            engine.inner.pools.wake.notify_one();
-        });
-        // Shutdown waits for the record like for a destroy.
-        self.track_cleanup(task);
     }
 
     /// Returns an unclaimed sandbox to the front of its pool after a refused

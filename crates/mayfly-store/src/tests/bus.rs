@@ -104,3 +104,64 @@ fn concurrent_writers_publish_in_the_order_of_their_sequence_numbers() {
     let seqs: Vec<i64> = drain(&mut sub.receiver).iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
 }
+
+#[test]
+fn claims_recorded_together_are_each_recorded_once_and_published() {
+    let store = Store::open_in_memory().unwrap();
+    let labels = std::collections::BTreeMap::from([("task".to_owned(), "ci".to_owned())]);
+    for n in 1..=3 {
+        let mut rec = record(id(n), 1);
+        rec.tenant = None;
+        rec.pool = Some("py".into());
+        store.insert_sandbox(&rec, 8).unwrap();
+    }
+    // 1 and 2 are ready and unclaimed; 3 never became ready.
+    for n in 1..=2 {
+        store.mark_ready(&id(n), 42, 2.5, &json!({})).unwrap();
+    }
+    let mut sub = store.subscribe_events().unwrap();
+    let detail = json!({"source": "pool"});
+    let ids: Vec<_> = (0..=3).map(id).collect();
+    let claim = |n: usize, tenant: &'static str, at: u64| crate::PoolClaim {
+        id: &ids[n],
+        tenant,
+        labels: &labels,
+        claimed_at: at,
+        expires_at: at + 60_000,
+        claim_ms: 0.02,
+        detail: &detail,
+    };
+    // 1 twice in one batch: only the first is recorded.
+    let recorded = store
+        .claim_pooled(&[
+            claim(1, "a", 10),
+            claim(2, "b", 11),
+            claim(3, "c", 12),
+            claim(1, "d", 13),
+        ])
+        .unwrap();
+    assert_eq!(recorded, [true, true, false, false]);
+    let one = store.get_sandbox(&id(1)).unwrap().unwrap();
+    assert_eq!(one.tenant.as_deref(), Some("a"), "the first claim holds");
+    assert_eq!(
+        (one.claimed_at, one.created_at, one.expires_at),
+        (Some(10), 10, 60_010)
+    );
+    assert_eq!(one.labels, labels);
+    assert_eq!(store.get_sandbox(&id(3)).unwrap().unwrap().tenant, None);
+    // A later batch cannot claim 2 again.
+    assert_eq!(store.claim_pooled(&[claim(2, "e", 20)]).unwrap(), [false]);
+    let published = drain(&mut sub.receiver);
+    assert_eq!(published, store.events(sub.head, 100).unwrap());
+    let claimed: Vec<_> = published
+        .iter()
+        .map(|e| (e.kind.as_str(), e.sandbox_id.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        claimed,
+        [
+            ("claimed", id(1).to_string()),
+            ("claimed", id(2).to_string())
+        ]
+    );
+}
