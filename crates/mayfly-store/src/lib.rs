@@ -13,6 +13,7 @@
 
 mod audit;
 mod bus;
+mod claims;
 mod error;
 mod migrate;
 mod routes;
@@ -33,8 +34,9 @@ use mayfly_types::UnixMillis;
 use rusqlite::Connection;
 
 pub use bus::{Subscription, BUS_CAPACITY};
+pub use claims::PoolClaim;
 pub use error::StoreError;
-pub use sandboxes::{PoolClaim, SandboxRecord, Transition};
+pub use sandboxes::{SandboxRecord, Transition};
 pub use stats::{percentiles, StatsQuery};
 pub use tenants::{constant_time_eq, KeyCheck, NewKey, TenantRecord, TenantRemoval};
 

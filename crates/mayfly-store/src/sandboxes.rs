@@ -40,19 +40,6 @@ pub struct SandboxRecord {
 }
 
 /// One edge taken in a sandbox's state machine.
-/// One claim of a pooled sandbox to record (see [`Store::claim_pooled`]).
-#[derive(Debug, Clone, Copy)]
-pub struct PoolClaim<'a> {
-    pub id: &'a SandboxId,
-    pub tenant: &'a str,
-    pub labels: &'a BTreeMap<String, String>,
-    pub claimed_at: UnixMillis,
-    pub expires_at: UnixMillis,
-    pub claim_ms: f64,
-    /// The `claimed` event's detail.
-    pub detail: &'a serde_json::Value,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
     /// `None` for the first record, when the sandbox came into being.
@@ -246,56 +233,6 @@ impl Store {
                 .execute(params![id.as_str(), init_pid, create_ms])?;
             crate::audit::insert_event(tx, now, Some(id), "ready", detail).map(Some)
         })
-    }
-
-    /// Records claims of pooled sandboxes, in one transaction: each gives
-    /// a ready, unclaimed pool sandbox to its tenant, with its labels, its
-    /// deadline, when it was claimed (also its `created_at` from now on: to
-    /// its tenant, the sandbox was created by the claim) and how long the
-    /// claim took (kept as its `create_ms`), and appends a `claimed` event. A
-    /// claim is recorded only if its sandbox is still ready and unclaimed,
-    /// so a sandbox is claimed at most once; the answer says, claim by
-    /// claim, whether it was. The events are published once the
-    /// transaction has committed. One transaction for every claim that
-    /// arrived together is what keeps a burst of claims from paying one
-    /// commit each.
-    pub fn claim_pooled(&self, claims: &[PoolClaim<'_>]) -> Result<Vec<bool>, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut recorded = Vec::with_capacity(claims.len());
-        let mut events = Vec::new();
-        for c in claims {
-            let labels = serde_json::to_string(c.labels).map_err(json_bug)?;
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE sandboxes SET tenant = ?2, labels = ?3, expires_at = ?4, \
-                     claimed_at = ?5, created_at = ?5, create_ms = ?6 \
-                     WHERE id = ?1 AND tenant IS NULL AND state = 'ready'",
-                )?
-                .execute(params![
-                    c.id.as_str(),
-                    c.tenant,
-                    labels,
-                    c.expires_at,
-                    c.claimed_at,
-                    c.claim_ms
-                ])?;
-            recorded.push(changed == 1);
-            if changed == 1 {
-                events.push(crate::audit::insert_event(
-                    &tx,
-                    c.claimed_at,
-                    Some(c.id),
-                    "claimed",
-                    c.detail,
-                )?);
-            }
-        }
-        tx.commit()?;
-        for event in events {
-            self.publish(&conn, event);
-        }
-        Ok(recorded)
     }
 
     /// Moves a sandbox to `Stopping` and hands it to a new owner (the
@@ -521,6 +458,6 @@ fn decode_sandbox(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> 
 
 /// Serialising plain data structs with string keys cannot fail; if it ever
 /// does, report it as a conversion error rather than panic.
-fn json_bug(e: serde_json::Error) -> StoreError {
+pub(crate) fn json_bug(e: serde_json::Error) -> StoreError {
     StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
 }
