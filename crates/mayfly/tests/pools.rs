@@ -184,6 +184,49 @@ async fn claims_made_together_are_each_recorded_and_streamed() {
     assert_eq!(pool(&d, "host").await.claims, 8);
 }
 
+/// A sandbox's CPU weight file: v1 `cpu.shares`, v2 `cpu.weight`.
+fn cpu_weight(id: &str) -> (String, u32) {
+    let v1 = format!("/sys/fs/cgroup/cpu/mayfly/{id}/cpu.shares");
+    let v2 = format!("/sys/fs/cgroup/mayfly/{id}/cpu.weight");
+    for path in [v1, v2] {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let w = text.trim().parse().expect("a weight");
+            return (path, w);
+        }
+    }
+    panic!("sandbox {id} has no cpu.shares or cpu.weight file");
+}
+
+#[tokio::test]
+async fn pool_sandboxes_wait_at_a_low_cpu_weight_and_get_the_default_when_claimed() {
+    let d = Daemon::start_with(&["--pool", "host=2,concurrency=2"]).await;
+    wait_ready(&d, "host", 2).await;
+    let waiting = unclaimed(&d);
+    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    // v1 `cpu.shares` defaults to 1024, v2 `cpu.weight` to 100.
+    let v1 = cpu_weight(&waiting[0]).0.ends_with("cpu.shares");
+    let (low, default) = if v1 { (64, 1024) } else { (6, 100) };
+    for id in &waiting {
+        let (path, w) = cpu_weight(id);
+        assert_eq!(w, low, "{path}: a pooled sandbox's weight");
+    }
+    let sb = d.create().await;
+    assert_eq!(sb.source, SandboxSource::Pool);
+    // The claim's record is committed once a read of it answers.
+    d.client.get(&sb.id).await.expect("the claimed record");
+    let (path, w) = cpu_weight(sb.id.as_str());
+    assert_eq!(w, default, "{path}: a claimed sandbox's weight");
+    // A cold create never had a low weight.
+    let cold = d
+        .create_limited(Limits {
+            memory_bytes: Some(256 << 20),
+            ..Limits::default()
+        })
+        .await;
+    assert_eq!(cold.source, SandboxSource::Cold);
+    assert_eq!(cpu_weight(cold.id.as_str()).1, default);
+}
+
 #[tokio::test]
 async fn a_create_that_does_not_fit_goes_cold_and_says_so() {
     let d = Daemon::start_with(&["--pool", "host=1"]).await;

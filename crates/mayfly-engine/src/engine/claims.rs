@@ -9,7 +9,10 @@
 //! claim of a batch schedules one writer on the blocking pool, which waits
 //! [`GATHER`] (the answer is on its way meanwhile), then takes every claim
 //! queued by then and records them in one transaction. Under a burst of
-//! claims, one commit serves them all.
+//! claims, one commit serves them all. The writer also gives each claimed
+//! sandbox the default CPU weight back: a pool's sandboxes boot and wait
+//! at a sixteenth of it (`plan::cgroup::CpuWeight`), so that refill yields
+//! to the sandboxes in use on a busy host.
 //!
 //! Until its record is committed a claim holds its sandbox's record lock
 //! (`Sandbox::record`): everything that reads or changes the record (get,
@@ -24,6 +27,7 @@ use mayfly_store::PoolClaim;
 
 use super::sandbox::Sandbox;
 use super::Engine;
+use crate::plan;
 
 /// How long a batch's writer waits before it commits: long enough for the
 /// claim's answer to reach its client (a round trip on these hosts is
@@ -113,6 +117,13 @@ impl Engine {
     /// record locks.
     fn commit_claims(&self, batch: Vec<Pending>) {
         let t = Instant::now();
+        for p in &batch {
+            let cg = &p.sb.cgroup;
+            let w = plan::cgroup::cpu_weight(cg.version, plan::cgroup::CpuWeight::Live);
+            if let Err(e) = mayfly_sys::cgroup::set_cpu_weight(cg, w) {
+                tracing::warn!(id = %p.sb.id, error = %e, "restoring a claimed sandbox's CPU weight failed");
+            }
+        }
         let details: Vec<serde_json::Value> = batch
             .iter()
             .map(|p| {

@@ -19,6 +19,29 @@ pub const CPU_PERIOD_USEC: u64 = 100_000;
 /// What v2 enables for the levels above a sandbox.
 const V2_SUBTREE: &str = "+memory +cpu +pids";
 
+/// A sandbox's CPU weight against the other sandboxes when the host is
+/// busy (quotas cap each one; weights share what is left between them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuWeight {
+    /// A pool's sandbox, from its boot until its claim: a sixteenth of a
+    /// live one's, so refill takes a bounded share of a busy host's CPU
+    /// and never starves the sandboxes in use.
+    Pooled,
+    /// Claimed or created cold: the kernel's default.
+    Live,
+}
+
+/// The value of a plan's `cpu_weight` file (v1 `cpu.shares`, default
+/// 1024; v2 `cpu.weight`, default 100) for `weight`.
+pub fn cpu_weight(version: CgroupVersion, weight: CpuWeight) -> u32 {
+    match (version, weight) {
+        (CgroupVersion::V1, CpuWeight::Live) => 1024,
+        (CgroupVersion::V1, CpuWeight::Pooled) => 64,
+        (CgroupVersion::V2, CpuWeight::Live) => 100,
+        (CgroupVersion::V2, CpuWeight::Pooled) => 6,
+    }
+}
+
 /// Why no plan could be made. The layout from discovery always has what is
 /// needed; this guards hand-made layouts, failing rather than skipping a limit.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +119,7 @@ fn plan_v2(root: &Path, id: &SandboxId, limits: &ResolvedLimits) -> CgroupPlan {
             ),
             CgroupWrite::new(sb.join("pids.max"), limits.pids.to_string()),
         ],
+        cpu_weight: sb.join("cpu.weight"),
         usage: UsageFiles {
             memory_current: sb.join("memory.current"),
             memory_peak: sb.join("memory.peak"),
@@ -162,6 +186,7 @@ fn plan_v1(
             ),
             CgroupWrite::new(pids.join("pids.max"), limits.pids.to_string()),
         ],
+        cpu_weight: cpu.join("cpu.shares"),
         usage: UsageFiles {
             memory_current: mem.join("memory.usage_in_bytes"),
             memory_peak: mem.join("memory.max_usage_in_bytes"),
@@ -243,6 +268,7 @@ mod tests {
                 w(&format!("{sb}/cpu.max"), "100000 100000"),
                 w(&format!("{sb}/pids.max"), "512"),
             ],
+            cpu_weight: format!("{sb}/cpu.weight").into(),
             usage: UsageFiles {
                 memory_current: format!("{sb}/memory.current").into(),
                 memory_peak: format!("{sb}/memory.peak").into(),
@@ -285,6 +311,7 @@ mod tests {
                 w(&format!("{}/cpu.cfs_quota_us", d("cpu")), "100000"),
                 w(&format!("{}/pids.max", d("pids")), "512"),
             ],
+            cpu_weight: format!("{}/cpu.shares", d("cpu")).into(),
             usage: UsageFiles {
                 memory_current: format!("{}/memory.usage_in_bytes", d("memory")).into(),
                 memory_peak: format!("{}/memory.max_usage_in_bytes", d("memory")).into(),
@@ -470,5 +497,21 @@ mod tests {
         format!("mf-test{:08x}", u32::from_le_bytes(bytes))
             .parse()
             .unwrap()
+    }
+
+    #[test]
+    fn a_pooled_sandbox_weighs_about_a_sixteenth_of_a_live_one() {
+        for v in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (pooled, live) = (
+                cpu_weight(v, CpuWeight::Pooled),
+                cpu_weight(v, CpuWeight::Live),
+            );
+            assert!(
+                pooled >= 1 && live / pooled == 16,
+                "{v:?}: {pooled} vs {live}"
+            );
+        }
+        assert_eq!(cpu_weight(CgroupVersion::V1, CpuWeight::Live), 1024);
+        assert_eq!(cpu_weight(CgroupVersion::V2, CpuWeight::Live), 100);
     }
 }

@@ -105,6 +105,12 @@ fn mkdir(path: &Path) -> Result<(), CgroupError> {
     }
 }
 
+/// Sets the sandbox's CPU weight: `value` goes into the plan's
+/// `cpu_weight` file (v1 `cpu.shares`, v2 `cpu.weight`).
+pub fn set_cpu_weight(plan: &CgroupPlan, value: u32) -> Result<(), CgroupError> {
+    write_file(&plan.cpu_weight, &value.to_string())
+}
+
 /// Writes `value` with a single `write(2)`, as cgroupfs expects.
 pub(super) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
     let err = |source| CgroupError::Write {

@@ -40,6 +40,7 @@ fn host_plan(layout: &CgroupLayout, id: &str) -> CgroupPlan {
                     CgroupWrite::new(sb.join("memory.max"), "67108864"),
                     CgroupWrite::new(sb.join("pids.max"), "16"),
                 ],
+                cpu_weight: sb.join("cpu.weight"),
                 usage: UsageFiles {
                     memory_current: sb.join("memory.current"),
                     memory_peak: sb.join("memory.peak"),
@@ -61,6 +62,7 @@ fn host_plan(layout: &CgroupLayout, id: &str) -> CgroupPlan {
                     CgroupWrite::new(dir("memory").join("memory.limit_in_bytes"), "67108864"),
                     CgroupWrite::new(dir("pids").join("pids.max"), "16"),
                 ],
+                cpu_weight: dir("cpu").join("cpu.shares"),
                 usage: UsageFiles {
                     memory_current: dir("memory").join("memory.usage_in_bytes"),
                     memory_peak: dir("memory").join("memory.max_usage_in_bytes"),

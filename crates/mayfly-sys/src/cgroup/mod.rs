@@ -24,7 +24,7 @@ mod remove;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use apply::{add_process, apply, read_oom_kills, read_usage};
+pub use apply::{add_process, apply, read_oom_kills, read_usage, set_cpu_weight};
 pub use remove::{list_leftovers, remove, remove_dir, remove_empty_parents};
 
 /// The directory under each hierarchy's root that holds every Mayfly cgroup.
@@ -108,6 +108,10 @@ pub struct CgroupPlan {
     pub sandbox_dirs: Vec<PathBuf>,
     pub writes: Vec<CgroupWrite>,
     pub usage: UsageFiles,
+    /// The sandbox's CPU weight against its siblings under contention: v1
+    /// `cpu.shares`, v2 `cpu.weight` (see [`set_cpu_weight`]).
+    #[serde(default)]
+    pub cpu_weight: PathBuf,
 }
 
 /// A sandbox's resource usage, as the kernel accounts it.

@@ -28,6 +28,7 @@ fn v2_plan(root: &Path) -> CgroupPlan {
             CgroupWrite::new(sb.join("cpu.max"), "100000 100000"),
             CgroupWrite::new(sb.join("pids.max"), "512"),
         ],
+        cpu_weight: sb.join("cpu.weight"),
         usage: UsageFiles {
             memory_current: sb.join("memory.current"),
             memory_peak: sb.join("memory.peak"),
