@@ -184,6 +184,15 @@ async fn claims_made_together_are_each_recorded_and_streamed() {
     assert_eq!(pool(&d, "host").await.claims, 8);
 }
 
+/// A create whose limits fit no pool of the default spec (served cold).
+async fn misfit(d: &Daemon) -> mayfly_types::SandboxInfo {
+    d.create_limited(Limits {
+        memory_bytes: Some(256 << 20),
+        ..Limits::default()
+    })
+    .await
+}
+
 /// A sandbox's CPU weight file: v1 `cpu.shares`, v2 `cpu.weight`.
 fn cpu_weight(id: &str) -> (String, u32) {
     let v1 = format!("/sys/fs/cgroup/cpu/mayfly/{id}/cpu.shares");
@@ -217,12 +226,7 @@ async fn pool_sandboxes_wait_at_a_low_cpu_weight_and_get_the_default_when_claime
     let (path, w) = cpu_weight(sb.id.as_str());
     assert_eq!(w, default, "{path}: a claimed sandbox's weight");
     // A cold create never had a low weight.
-    let cold = d
-        .create_limited(Limits {
-            memory_bytes: Some(256 << 20),
-            ..Limits::default()
-        })
-        .await;
+    let cold = misfit(&d).await;
     assert_eq!(cold.source, SandboxSource::Cold);
     assert_eq!(cpu_weight(cold.id.as_str()).1, default);
 }
@@ -231,12 +235,7 @@ async fn pool_sandboxes_wait_at_a_low_cpu_weight_and_get_the_default_when_claime
 async fn a_create_that_does_not_fit_goes_cold_and_says_so() {
     let d = Daemon::start_with(&["--pool", "host=1"]).await;
     wait_ready(&d, "host", 1).await;
-    let other = d
-        .create_limited(Limits {
-            memory_bytes: Some(256 << 20),
-            ..Limits::default()
-        })
-        .await;
+    let other = misfit(&d).await;
     assert_eq!(other.source, SandboxSource::Cold);
     let p = pool(&d, "host").await;
     assert_eq!((p.claims, p.misses, p.ready), (0, 0, 1), "{p:?}");
