@@ -48,6 +48,15 @@ fn unclaimed(d: &Daemon) -> Vec<String> {
         .collect()
 }
 
+/// A daemon whose `host` pool holds two unclaimed sandboxes, and their ids.
+async fn two_waiting() -> (Daemon, Vec<String>) {
+    let d = Daemon::start_with(&["--pool", "host=2,concurrency=2"]).await;
+    wait_ready(&d, "host", 2).await;
+    let waiting = unclaimed(&d);
+    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    (d, waiting)
+}
+
 /// The ids of every live sandbox the store records.
 fn live(d: &Daemon) -> Vec<String> {
     let store = mayfly_store::Store::open(&d.state_dir).expect("opening the store");
@@ -208,10 +217,7 @@ fn cpu_weight(id: &str) -> (String, u32) {
 
 #[tokio::test]
 async fn pool_sandboxes_wait_at_a_low_cpu_weight_and_get_the_default_when_claimed() {
-    let d = Daemon::start_with(&["--pool", "host=2,concurrency=2"]).await;
-    wait_ready(&d, "host", 2).await;
-    let waiting = unclaimed(&d);
-    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    let (d, waiting) = two_waiting().await;
     // v1 `cpu.shares` defaults to 1024, v2 `cpu.weight` to 100.
     let v1 = cpu_weight(&waiting[0]).0.ends_with("cpu.shares");
     let (low, default) = if v1 { (64, 1024) } else { (6, 100) };
@@ -255,10 +261,7 @@ async fn a_create_that_does_not_fit_goes_cold_and_says_so() {
 
 #[tokio::test]
 async fn unclaimed_sandboxes_cannot_be_reached() {
-    let d = Daemon::start_with(&["--pool", "host=2,concurrency=2"]).await;
-    wait_ready(&d, "host", 2).await;
-    let waiting = unclaimed(&d);
-    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    let (d, waiting) = two_waiting().await;
     let listed = d.client.list(false).await.expect("list");
     assert!(
         listed.is_empty(),

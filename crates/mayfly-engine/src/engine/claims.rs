@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use mayfly_store::PoolClaim;
 
+use super::pool::set_cpu_weight;
 use super::sandbox::Sandbox;
 use super::Engine;
-use crate::plan;
+use crate::plan::cgroup::CpuWeight;
 
 /// How long a batch's writer waits before it commits: long enough for the
 /// claim's answer to reach its client (a round trip on these hosts is
@@ -118,11 +119,7 @@ impl Engine {
     fn commit_claims(&self, batch: Vec<Pending>) {
         let t = Instant::now();
         for p in &batch {
-            let cg = &p.sb.cgroup;
-            let w = plan::cgroup::cpu_weight(cg.version, plan::cgroup::CpuWeight::Live);
-            if let Err(e) = mayfly_sys::cgroup::set_cpu_weight(cg, w) {
-                tracing::warn!(id = %p.sb.id, error = %e, "restoring a claimed sandbox's CPU weight failed");
-            }
+            set_cpu_weight(&p.sb.id, &p.sb.cgroup, CpuWeight::Live);
         }
         let details: Vec<serde_json::Value> = batch
             .iter()

@@ -387,10 +387,7 @@ impl Engine {
         if pool.is_some() {
             // Refill yields to the sandboxes in use on a busy host; the
             // claim gives the sandbox the default weight back.
-            let w = plan::cgroup::cpu_weight(cgroup.version, plan::cgroup::CpuWeight::Pooled);
-            if let Err(e) = mayfly_sys::cgroup::set_cpu_weight(&cgroup, w) {
-                tracing::warn!(%id, error = %e, "lowering a pool boot's CPU weight failed");
-            }
+            super::pool::set_cpu_weight(&id, &cgroup, plan::cgroup::CpuWeight::Pooled);
         }
         // The record now names these cgroups; the stub marker is redundant.
         self.forget_stub(&id);

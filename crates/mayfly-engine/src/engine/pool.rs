@@ -94,6 +94,19 @@ impl Drop for Foreground<'_> {
     }
 }
 
+/// Sets a sandbox's CPU weight (see `plan::cgroup::CpuWeight`). A failure
+/// only costs scheduling fairness, so it is logged, not returned.
+pub(crate) fn set_cpu_weight(
+    id: &SandboxId,
+    cgroup: &mayfly_sys::cgroup::CgroupPlan,
+    weight: crate::plan::cgroup::CpuWeight,
+) {
+    let value = crate::plan::cgroup::cpu_weight(cgroup.version, weight);
+    if let Err(e) = mayfly_sys::cgroup::set_cpu_weight(cgroup, value) {
+        tracing::warn!(%id, ?weight, error = %e, "setting a sandbox's CPU weight failed");
+    }
+}
+
 /// A pool name: 1–63 of `[a-z0-9_.-]`, starting with a letter or digit.
 pub fn check_pool_name(name: &str) -> Result<(), EngineError> {
     let ok = !name.is_empty()
