@@ -21,7 +21,7 @@ async fn pool(d: &Daemon, name: &str) -> PoolInfo {
 
 /// Waits until pool `name` holds `ready` unclaimed sandboxes.
 async fn wait_ready(d: &Daemon, name: &str, ready: u32) -> PoolInfo {
-    for _ in 0..300 {
+    for _ in 0..750 {
         let p = pool(d, name).await;
         if p.ready == ready && p.filling == 0 {
             return p;
