@@ -12,6 +12,7 @@ mod density;
 mod gateway;
 mod host;
 mod net;
+mod peer_load;
 mod pool;
 mod report;
 mod section;

@@ -14,6 +14,7 @@ use mayfly_types::{CreateRequest, ErrorCode, ExecRequest, PoolSpec, SandboxSourc
 
 use crate::api::{call, Ledger};
 use crate::daemon::Daemon;
+use crate::peer_load::{bwrap_load, HostCpu, BWRAP_ARGS};
 use crate::report::{Load, Report};
 use crate::stats::Samples;
 
@@ -147,7 +148,6 @@ pub async fn run_vs_bwrap(
     let c = &d.client;
     set_pool(c, 4, 1).await?;
     let socket = d.socket.clone();
-    let bwrap = "--ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc /bin/true";
     let (mut m, mut b) = (Samples::new(), Samples::new());
     for i in 0..warmup + n {
         settle(c, 4, Duration::from_secs(30)).await?;
@@ -164,7 +164,7 @@ pub async fn run_vs_bwrap(
         ensure!(st.success(), "mayfly run through the daemon failed: {st}");
         let t = Instant::now();
         let st = Command::new("bwrap")
-            .args(bwrap.split(' '))
+            .args(BWRAP_ARGS.split(' '))
             .stdin(Stdio::null())
             .status()
             .context("running bwrap (run bench/peers-setup.sh)")?;
@@ -195,6 +195,7 @@ pub async fn load(
     set_pool(c, 64, cores).await?;
     settle(c, 64, Duration::from_secs(60)).await?;
     let left = Arc::new(std::sync::atomic::AtomicUsize::new(total));
+    let cpu0 = HostCpu::now()?;
     let t = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
@@ -218,9 +219,18 @@ pub async fn load(
         }
     }
     out.wall = t.elapsed();
+    out.cpu = HostCpu::now()?.since(cpu0);
     report.add("load_cycle", cycle);
-    report.load = Some(out);
     call("draining the pool", c.drain_pool(POOL)).await?;
+    // The peer, in the same run, once the pool is drained and its destroys
+    // have had time to finish: bwrap, the same number of runs, as many at
+    // once as there were clients.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let peer = tokio::task::spawn_blocking(move || bwrap_load(total, clients))
+        .await
+        .context("the bwrap load panicked")?;
+    out.peer = Some(peer.map_err(|e| format!("{e:#}")));
+    report.load = Some(out);
     Ok(())
 }
 

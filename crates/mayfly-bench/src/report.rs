@@ -100,12 +100,37 @@ pub struct Load {
     pub throttled: usize,
     pub from_pool: usize,
     pub first_error: Option<String>,
+    /// Busy CPU time of the whole host over the load's wall time.
+    pub cpu: std::time::Duration,
+    /// bwrap's run of the same size, or why it failed.
+    pub peer: Option<Result<crate::peer_load::PeerLoad, String>>,
 }
 
 impl Load {
     /// Completed cycles per second.
     pub fn rate(&self) -> f64 {
         (self.total - self.errors - self.throttled) as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Host CPU time per completed cycle, ms.
+    pub fn cpu_ms_per_cycle(&self) -> f64 {
+        let done = (self.total - self.errors - self.throttled).max(1);
+        self.cpu.as_secs_f64() * 1000.0 / done as f64
+    }
+
+    /// bwrap's figures in the same run, for the verdict line.
+    fn peer_text(&self) -> String {
+        match &self.peer {
+            Some(Ok(p)) => format!(
+                "; bwrap … /bin/true, {} at once, same run: {:.0}/s, {:.2} ms of host CPU per run (Mayfly {:.2}× its rate)",
+                p.concurrency,
+                p.rate(),
+                p.cpu_ms_per_run(),
+                self.rate() / p.rate().max(1e-9)
+            ),
+            Some(Err(e)) => format!("; the bwrap load failed: {e}"),
+            None => String::new(),
+        }
     }
 }
 
@@ -254,13 +279,15 @@ impl Report {
                 let p99 = self.get("load_cycle").map_or(0.0, |s| s.p99);
                 (
                     format!(
-                        "{:.0}/s ({} clients, {} cycles, {} errors, {} throttled, p99 {} ms)",
+                        "{:.0}/s ({} clients, {} cycles, {} errors, {} throttled, p99 {} ms, {:.2} ms of host CPU per cycle){}",
                         l.rate(),
                         l.clients,
                         l.total,
                         l.errors,
                         l.throttled,
-                        ms(p99)
+                        ms(p99),
+                        l.cpu_ms_per_cycle(),
+                        l.peer_text()
                     ),
                     l.rate() >= 300.0 && l.errors == 0,
                 )
@@ -478,7 +505,10 @@ impl Report {
             "measures": measures, "targets": verdicts,
             "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
             "refill": self.refill.map(|r| json!({"sandboxes": r.sandboxes, "cores": r.cores, "concurrency": r.concurrency, "seconds": r.took.as_secs_f64()})),
-            "load": self.load.as_ref().map(|l| json!({"clients": l.clients, "total": l.total, "seconds": l.wall.as_secs_f64(), "per_second": l.rate(), "errors": l.errors, "throttled": l.throttled, "from_pool": l.from_pool, "first_error": l.first_error})),
+            "load": self.load.as_ref().map(|l| json!({"clients": l.clients, "total": l.total, "seconds": l.wall.as_secs_f64(), "per_second": l.rate(), "errors": l.errors, "throttled": l.throttled, "from_pool": l.from_pool, "first_error": l.first_error, "host_cpu_ms_per_cycle": l.cpu_ms_per_cycle(), "bwrap": l.peer.as_ref().map(|p| match p {
+                Ok(p) => json!({"runs": p.runs, "at_once": p.concurrency, "seconds": p.wall.as_secs_f64(), "per_second": p.rate(), "host_cpu_ms_per_run": p.cpu_ms_per_run()}),
+                Err(e) => json!({"error": e}),
+            })})),
         })
     }
 }
