@@ -298,7 +298,7 @@ impl Engine {
             None => self.resolve_template(&TemplateRef::Host)?,
         };
         let lifecycle = Arc::new(match resolved.spec.as_deref() {
-            Some(s) => super::create::template_lifecycle(s)?,
+            Some(s) => super::spec::template_lifecycle(s)?,
             None => Default::default(),
         });
         let limits = self
@@ -415,7 +415,7 @@ impl Engine {
                     Some(r) => {
                         p.resolved = r.clone();
                         p.lifecycle = Arc::new(match r.spec.as_deref() {
-                            Some(s) => super::create::template_lifecycle(s).unwrap_or_default(),
+                            Some(s) => super::spec::template_lifecycle(s).unwrap_or_default(),
                             None => Default::default(),
                         });
                         p.backoff_until = None;

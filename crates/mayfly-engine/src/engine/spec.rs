@@ -1,8 +1,11 @@
 //! What a create asks for, validated: the checks, the environment every
 //! command starts from, the TTL, and [`Boot`], what the engine boots.
 
-use mayfly_types::{SandboxId, TemplateRef};
+use std::sync::Arc;
 
+use mayfly_types::{CreateRequest, SandboxId, TemplateRef};
+
+use crate::api::Caller;
 use crate::EngineError;
 
 /// Where a pool's unclaimed sandbox's deadline sits: never reached.
@@ -117,4 +120,104 @@ pub(crate) fn ttl_secs(cfg: &super::EngineConfig, asked: Option<u64>) -> Result<
             .to_string(),
         )),
     }
+}
+
+impl super::Engine {
+    /// Validates a create request into what to boot. A named template's
+    /// layers, env, limits, TTL and network are the defaults the request
+    /// overrides.
+    pub(crate) fn check_create(
+        &self,
+        req: CreateRequest,
+        resolved: Option<Arc<crate::templates::Resolved>>,
+        caller: &Caller,
+    ) -> Result<Boot, EngineError> {
+        let cfg = &self.inner.cfg;
+        if self
+            .inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(EngineError::ShuttingDown);
+        }
+        let template = req.template.clone().unwrap_or(TemplateRef::Host);
+        let resolved = match resolved {
+            Some(r) => r,
+            None => self.resolve_template(&template)?,
+        };
+        let tspec = resolved.spec.as_deref();
+        let ttl = ttl_secs(cfg, req.ttl_secs.or(tspec.and_then(|s| s.ttl_secs)))?;
+        let idle_secs = match req.idle_timeout_secs {
+            None => cfg.default_idle.as_secs(),
+            Some(t) if t <= cfg.max_ttl.as_secs() => t,
+            Some(t) => {
+                return Err(EngineError::Invalid(format!(
+                    "idle_timeout_secs of {t} is out of range; allowed is 0..={}",
+                    cfg.max_ttl.as_secs()
+                )))
+            }
+        };
+        let limits = self
+            .template_limits(&resolved)?
+            .with(&req.limits)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        check_env(&req.env)?;
+        check_labels(&req.labels)?;
+        let egress = self.egress_for(
+            req.egress.or_else(|| tspec.and_then(|s| s.network.clone())),
+            &template,
+        )?;
+        let mut env = resolved.env.clone();
+        env.extend(req.env);
+        // The template's artifact paths, then the request's.
+        let mut artifacts: Vec<String> = tspec.map(|s| s.artifacts.clone()).unwrap_or_default();
+        artifacts.extend(req.artifacts);
+        crate::artifacts::check_artifact_paths(&artifacts)?;
+        if let Some(ws) = &req.workspace {
+            crate::workspace::check_workspace(ws)?;
+        }
+        // The template's services and hooks first, then the request's.
+        let lifecycle = super::lifecycle::lifecycle_of(req.services, req.hooks, req.secrets)?;
+        let lifecycle = match tspec {
+            Some(s) => super::Lifecycle::with_template(template_lifecycle(s)?, lifecycle)?,
+            None => lifecycle,
+        };
+        Ok(Boot {
+            template,
+            limits,
+            ttl_secs: ttl,
+            idle_secs,
+            env,
+            labels: req.labels,
+            tenant: Some(caller.tenant.clone()),
+            pool: None,
+            egress,
+            resolved,
+            artifacts,
+            workspace: req.workspace,
+            lifecycle: Arc::new(lifecycle),
+        })
+    }
+
+    /// The daemon's default limits under a template's own.
+    pub(crate) fn template_limits(
+        &self,
+        resolved: &crate::templates::Resolved,
+    ) -> Result<mayfly_types::ResolvedLimits, EngineError> {
+        let cfg = &self.inner.cfg;
+        match resolved.spec.as_deref() {
+            Some(s) => cfg
+                .default_limits
+                .with(&s.limits)
+                .map_err(|e| EngineError::Invalid(format!("template limits: {e}"))),
+            None => Ok(cfg.default_limits),
+        }
+    }
+}
+
+/// A template's services and hooks (its secrets come only with creates).
+pub(crate) fn template_lifecycle(
+    spec: &mayfly_types::TemplateSpec,
+) -> Result<super::Lifecycle, EngineError> {
+    super::Lifecycle::new(spec.services.clone(), spec.hooks.clone(), Vec::new())
 }

@@ -53,7 +53,7 @@ impl Engine {
         let t0 = Instant::now();
         let file = req.file.clone().unwrap_or_else(|| "<template>".into());
         let spec = parse_spec(&req.spec, &file)?;
-        super::create::template_lifecycle(&spec).map_err(|e| TemplatesError::Spec {
+        super::spec::template_lifecycle(&spec).map_err(|e| TemplatesError::Spec {
             file: file.clone(),
             field: "services/hooks".into(),
             line: None,
