@@ -8,6 +8,9 @@ use mayfly_types::{CreateRequest, Limits, TemplateRef};
 
 pub use crate::parse::{parse_kv, parse_size};
 
+mod serve;
+pub use serve::{ServeArgs, ShutdownMode};
+
 pub const DEFAULT_SOCKET: &str = "/run/mayfly/mayfly.sock";
 
 /// Ephemeral, isolated sandboxes for agents and CI.
@@ -133,93 +136,6 @@ pub struct ParkArgs {
     /// `mayfly prune` since then means: do not park.
     #[arg(long, env = mayfly_engine::park::AFTER_ENV)]
     pub after: Option<u64>,
-}
-
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// Also listen on TCP (requires a token).
-    #[arg(long)]
-    pub tcp: Option<std::net::SocketAddr>,
-    /// File holding the bearer token for TCP.
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    /// Default TTL of a sandbox.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    pub default_ttl: std::time::Duration,
-    /// Maximum TTL a create may ask for.
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
-    pub max_ttl: std::time::Duration,
-    /// On SIGTERM: `destroy` every sandbox at once, or `drain`: refuse new
-    /// creates, keep serving the live sandboxes until they end or the grace
-    /// period passes (a second signal cuts it short), then destroy the rest.
-    #[arg(long, value_enum, default_value = "destroy")]
-    pub shutdown: ShutdownMode,
-    /// How long a draining shutdown waits for live sandboxes.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub shutdown_grace: std::time::Duration,
-    /// Idle timeout of a sandbox whose create names none (0s: none).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-    pub idle_timeout: std::time::Duration,
-    /// Most sandboxes alive at once.
-    #[arg(long, default_value_t = 4096)]
-    pub max_sandboxes: u32,
-    /// A static DNS table for sandboxes' resolver, `/etc/hosts` format
-    /// (`ADDRESS NAME…`), looked at before the host's resolver.
-    #[arg(long)]
-    pub dns_hosts: Option<PathBuf>,
-    /// The egress policy (a JSON file) of creates from TEMPLATE that name
-    /// none: `--template-egress host=/etc/mayfly/host-egress.json`.
-    #[arg(long = "template-egress", value_parser = parse_kv)]
-    pub template_egress: Vec<(String, String)>,
-    /// Network namespaces kept prepared for creates with egress.
-    #[arg(long, default_value_t = 4)]
-    pub egress_pool: usize,
-    /// A warm pool, `NAME=TARGET[,max=N][,concurrency=N][,template=T]`;
-    /// repeat for more. `host=0` turns the default pool off.
-    #[arg(long = "pool", value_parser = crate::cmd_pool::parse_pool_flag,
-          default_value = "host=4")]
-    pub pools: Vec<(String, mayfly_types::PoolSpec)>,
-    /// Keep the sandboxes' writable layers, mount points and trash here
-    /// instead of in the state directory. On a tmpfs (e.g. /dev/shm/mayfly)
-    /// boots and destroys cost a third as much CPU on these hosts' ext4 (no
-    /// journal), and what a sandbox writes is held in memory, charged to its
-    /// memory limit.
-    #[arg(long)]
-    pub scratch: Option<PathBuf>,
-    /// The gateway's listener (preview URLs, routes), or `off`. When the
-    /// default address is taken the daemon runs without a gateway and says
-    /// so; an address given here must bind.
-    #[arg(long)]
-    pub gateway: Option<String>,
-    /// Preview URLs are `http://<port>-<id>.<domain>:<gateway port>`, and
-    /// services `<service>.<domain>`.
-    #[arg(long, default_value = mayfly_server::gateway::DEFAULT_GATEWAY_DOMAIN)]
-    pub gateway_domain: String,
-    /// Threads serving the gateway, each with its own event loop and
-    /// upstream connection pool.
-    #[arg(long, default_value_t = 1)]
-    pub gateway_threads: usize,
-    /// Collected artifacts older than this are removed (e.g. 7d, 12h).
-    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
-    pub artifact_max_age: std::time::Duration,
-    /// The most bytes all collected artifacts may hold; the oldest
-    /// sandboxes' go first (e.g. 10GiB, 500m).
-    #[arg(long, default_value = "10GiB", value_parser = parse_size)]
-    pub artifact_max_bytes: u64,
-    /// The most bytes one artifact may store; a larger one is recorded as
-    /// skipped.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
-    pub artifact_max_file_bytes: u64,
-    /// The most bytes one sandbox's artifacts may store together.
-    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
-    pub artifact_max_sandbox_bytes: u64,
-}
-
-/// What the daemon does with live sandboxes when asked to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ShutdownMode {
-    Destroy,
-    Drain,
 }
 
 /// The limits a sandbox (or a pool's sandboxes) runs with.
