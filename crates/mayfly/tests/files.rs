@@ -361,3 +361,82 @@ async fn api_written_files_belong_to_the_sandbox_root_and_keep_their_mode() {
     }
     assert_eq!(found, [sb.uid_base], "host owners of the written file");
 }
+
+/// `/tmp`, `/dev/shm` and `/run/secrets` are filesystems the sandbox mounted
+/// itself, owned by its user namespace, where the kernel refuses to create
+/// anything owned by host root: the file API makes names there as the
+/// sandbox's root, and every call works as it does on the root overlay.
+#[tokio::test]
+async fn the_sandboxs_own_tmpfs_mounts_take_writes_mkdirs_renames_and_uploads() {
+    let d = Daemon::start().await;
+    let sb = d.create().await;
+    for dir in ["/tmp", "/dev/shm", "/run/secrets"] {
+        let file = format!("{dir}/written");
+        let st = d
+            .client
+            .write_file(&sb.id, &file, b"hello".to_vec(), Some(0o640))
+            .await
+            .unwrap_or_else(|e| panic!("writing {file}: {e}"));
+        assert_eq!((st.uid, st.gid, st.mode & 0o7777), (0, 0, 0o640), "{st:?}");
+        assert_eq!(
+            d.sh(&sb.id, &format!("stat -c '%u %g %a' {file}; cat {file}"))
+                .await,
+            "0 0 640\nhello"
+        );
+        // Replacing a file the sandbox made itself.
+        d.sh(&sb.id, &format!("echo mine > {dir}/own")).await;
+        d.client
+            .write_file(&sb.id, &format!("{dir}/own"), b"ours".to_vec(), None)
+            .await
+            .unwrap_or_else(|e| panic!("replacing {dir}/own: {e}"));
+        assert_eq!(d.sh(&sb.id, &format!("cat {dir}/own")).await, "ours");
+
+        let made = d
+            .client
+            .mkdir(
+                &sb.id,
+                &MkdirRequest {
+                    path: format!("{dir}/a/b"),
+                    parents: true,
+                    mode: None,
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("mkdir {dir}/a/b: {e}"));
+        assert_eq!((made.uid, made.gid), (0, 0), "{made:?}");
+        d.client
+            .rename(
+                &sb.id,
+                &mayfly_types::RenameRequest {
+                    from: format!("{dir}/a/b"),
+                    to: format!("{dir}/a/c"),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("rename in {dir}: {e}"));
+        let up = d
+            .client
+            .upload_tar(
+                &sb.id,
+                &format!("{dir}/a/c/up"),
+                tarball::tar_of(&tarball::sample_tree()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("upload into {dir}: {e}"));
+        assert!(up.files > 0, "{up:?}");
+        assert_eq!(
+            d.sh(&sb.id, &format!("cat {dir}/a/c/up/hello.txt")).await,
+            "hello\n"
+        );
+        // Everything belongs to the sandbox's root, and no temporary name
+        // of the API's is left behind.
+        assert_eq!(
+            d.sh(
+                &sb.id,
+                &format!("find {dir} ! -user 0 -o ! -group 0 -o -name '.mf-*'")
+            )
+            .await,
+            ""
+        );
+    }
+}

@@ -129,7 +129,10 @@ impl FilesError {
             FsError::NoSpace { .. } => FilesError::NoSpace { path },
             FsError::Busy { .. } => FilesError::Busy { path },
             FsError::Invalid { .. } => FilesError::Rejected { path },
-            source @ FsError::Os { .. } => FilesError::Io { path, source },
+            // A create still refused under `CreateAs` is a bug of ours.
+            source @ (FsError::Os { .. } | FsError::UnmappedCreator { .. }) => {
+                FilesError::Io { path, source }
+            }
         }
     }
 

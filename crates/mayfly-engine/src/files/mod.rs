@@ -22,6 +22,10 @@
 //!   final component is replaced, never written through.
 //! * Created objects belong to the sandbox (host uid `uid_base + uid`), and
 //!   reported ids are translated back (ids outside the range show as 65534).
+//!   On a filesystem the sandbox mounted itself (its `/tmp`, `/dev/shm` and
+//!   `/run/secrets` tmpfs, owned by its user namespace), names are made with
+//!   the filesystem ids of the sandbox's root, since the kernel refuses a
+//!   creator it cannot map there (`SandboxFs::create`).
 //!
 //! Every method is synchronous and blocking; the engine calls them from
 //! `spawn_blocking`. `SandboxFs` is `Send + Sync`: calls may run in parallel.
@@ -223,6 +227,20 @@ impl SandboxFs {
     }
 
     /// The host uid and gid of inside id `inside`.
+    /// Runs a call that makes a name (create, mkdir, symlink, link, rename
+    /// to a new name). On a filesystem mounted inside the sandbox's user
+    /// namespace (its `/tmp`, `/dev/shm`, `/run/secrets` tmpfs), which
+    /// refuses (`EOVERFLOW`) a creator it cannot map, such as host root,
+    /// the call is made again with the filesystem ids of the sandbox's root
+    /// ([`sysfs::CreateAs`]); a refused call changed nothing. The caller
+    /// sets the final owner either way.
+    fn create<T>(
+        &self,
+        create: impl FnMut() -> Result<T, sysfs::FsError>,
+    ) -> Result<T, sysfs::FsError> {
+        sysfs::create_mapped(self.uid_base, self.uid_base, create)
+    }
+
     fn host_ids(&self, inside: u32) -> Result<(u32, u32), FilesError> {
         if inside >= ID_RANGE {
             return Err(FilesError::BadOwner { uid: inside });

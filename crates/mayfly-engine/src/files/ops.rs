@@ -115,18 +115,22 @@ pub(super) fn write(
 
     let tmp = temp_name("write");
     let tmp = Path::new(&tmp);
-    let mut file = sysfs::create_file(&parent, tmp, 0o600).map_err(|e| FilesError::fs(p, e))?;
+    let mut file = fs
+        .create(|| sysfs::create_file(&parent, tmp, 0o600))
+        .map_err(|e| FilesError::fs(p, e))?;
     let written = (|| {
         // The data goes in while the file still belongs to host root with
         // mode 0600, which the sandbox's root cannot open (its capabilities
-        // do not cover unmapped owners). Owner next: chown clears setuid
-        // bits, so the mode is set last.
+        // do not cover unmapped owners); on the sandbox's own tmpfs mounts
+        // it belongs to the sandbox's root from the start (`fs.create`), as
+        // everything there does. Owner next: chown clears setuid bits, so
+        // the mode is set last.
         file.write_all(data).map_err(|e| FilesError::data(p, e))?;
         sysfs::chown_fd(&file, uid, gid, tmp).map_err(|e| FilesError::fs(p, e))?;
         sysfs::chmod_fd(&file, perm, tmp).map_err(|e| FilesError::fs(p, e))?;
         // rename(2) replaces a file or symlink atomically and fails with
         // EISDIR if a directory appeared meanwhile.
-        sysfs::rename_at(&parent, tmp, &parent, name, Replace::Allow)
+        fs.create(|| sysfs::rename_at(&parent, tmp, &parent, name, Replace::Allow))
             .map_err(|e| FilesError::fs(p, e))?;
         sysfs::stat_fd(&file, tmp).map_err(|e| FilesError::fs(p, e))
     })();
@@ -255,7 +259,7 @@ pub(super) fn make_dir(
     name: &Path,
     perm: u32,
 ) -> Result<OwnedFd, FsError> {
-    sysfs::mkdir_at(parent, name, 0o700)?;
+    fs.create(|| sysfs::mkdir_at(parent, name, 0o700))?;
     let dir = sysfs::open(parent, name, Access::Dir, Resolve::Child)?;
     sysfs::chown_fd(&dir, fs.uid_base, fs.uid_base, name)?;
     sysfs::chmod_fd(&dir, perm, name)?;
@@ -282,12 +286,14 @@ pub(super) fn rename(
     let dst = fs.dir_handle(&to_parent, to)?;
     // The source must exist: report it by its own name, not the target's.
     sysfs::stat_at(&src, Path::new(from_name)).map_err(|e| FilesError::fs(from, e))?;
-    sysfs::rename_at(
-        &src,
-        Path::new(from_name),
-        &dst,
-        Path::new(to_name),
-        Replace::Never,
-    )
+    fs.create(|| {
+        sysfs::rename_at(
+            &src,
+            Path::new(from_name),
+            &dst,
+            Path::new(to_name),
+            Replace::Never,
+        )
+    })
     .map_err(|e| FilesError::fs(to, e))
 }

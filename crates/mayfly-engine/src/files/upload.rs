@@ -64,15 +64,23 @@ fn stage_and_commit(
     let staging_name = temp_name("upload");
     let staging_name = Path::new(&staging_name);
     let fail = |e| FilesError::fs(dir, e);
-    sysfs::mkdir_at(target, staging_name, 0o700).map_err(fail)?;
+    fs.create(|| sysfs::mkdir_at(target, staging_name, 0o700))
+        .map_err(fail)?;
     let result = sysfs::open(target, staging_name, Access::DirHandle, Resolve::Child)
         .map_err(fail)
         .and_then(|staging| {
             let summary = Stager::new(fs, &staging, dir, archive).run(plan)?;
             let mut shown = dir.to_string();
             let limit = fs.limits.max_entries;
-            walk_merge(staging.as_fd(), target.as_fd(), &mut shown, limit, false)?;
-            walk_merge(staging.as_fd(), target.as_fd(), &mut shown, limit, true)?;
+            walk_merge(
+                fs,
+                staging.as_fd(),
+                target.as_fd(),
+                &mut shown,
+                limit,
+                false,
+            )?;
+            walk_merge(fs, staging.as_fd(), target.as_fd(), &mut shown, limit, true)?;
             Ok(summary)
         });
     // On failure this removes everything staged; on success, the emptied
@@ -198,7 +206,10 @@ impl<'a> Stager<'a> {
             },
             Action::File { data } => {
                 clear(&parent, name).map_err(fail)?;
-                let mut file = sysfs::create_file(&parent, name, 0o600).map_err(fail)?;
+                let mut file = self
+                    .fs
+                    .create(|| sysfs::create_file(&parent, name, 0o600))
+                    .map_err(fail)?;
                 sysfs::chown_fd(&file, base, base, name).map_err(fail)?;
                 file.write_all(&self.archive[data.clone()])
                     .map_err(|e| FilesError::data(&shown, e))?;
@@ -210,7 +221,9 @@ impl<'a> Stager<'a> {
             }
             Action::Symlink { target } => {
                 clear(&parent, name).map_err(fail)?;
-                sysfs::symlink_at(target, &parent, name).map_err(fail)?;
+                self.fs
+                    .create(|| sysfs::symlink_at(target, &parent, name))
+                    .map_err(fail)?;
                 sysfs::chown_at_nofollow(&parent, name, base, base).map_err(fail)?;
                 match entry.mtime {
                     Some(t) => sysfs::set_mtime_at(&parent, name, t).map_err(fail),
@@ -226,7 +239,9 @@ impl<'a> Stager<'a> {
                     });
                 }
                 clear(&parent, name).map_err(fail)?;
-                sysfs::link_fd_at(&source, &parent, name).map_err(fail)
+                self.fs
+                    .create(|| sysfs::link_fd_at(&source, &parent, name))
+                    .map_err(fail)
             }
         }
     }
@@ -245,6 +260,7 @@ fn clear(parent: &OwnedFd, name: &Path) -> Result<(), FsError> {
 /// directory); with `commit` true it moves the staged entries into place.
 /// `shown` is the target's inside path, extended while descending.
 fn walk_merge(
+    fs: &SandboxFs,
     staged: BorrowedFd<'_>,
     target: BorrowedFd<'_>,
     shown: &mut String,
@@ -287,17 +303,20 @@ fn walk_merge(
                     sysfs::open(staged, name, Access::DirHandle, Resolve::Child).map_err(fail)?;
                 let t_fd =
                     sysfs::open(target, name, Access::DirHandle, Resolve::Child).map_err(fail)?;
-                walk_merge(s_fd.as_fd(), t_fd.as_fd(), shown, limit, commit)?;
+                walk_merge(fs, s_fd.as_fd(), t_fd.as_fd(), shown, limit, commit)?;
             }
             _ if !commit => {}
-            None => sysfs::rename_at(staged, name, target, name, Replace::Never).map_err(fail)?,
+            None => fs
+                .create(|| sysfs::rename_at(staged, name, target, name, Replace::Never))
+                .map_err(fail)?,
             Some(false) if s_dir => {
                 sysfs::unlink_at(target, name, false).map_err(fail)?;
-                sysfs::rename_at(staged, name, target, name, Replace::Never).map_err(fail)?;
+                fs.create(|| sysfs::rename_at(staged, name, target, name, Replace::Never))
+                    .map_err(fail)?;
             }
-            Some(false) => {
-                sysfs::rename_at(staged, name, target, name, Replace::Allow).map_err(fail)?
-            }
+            Some(false) => fs
+                .create(|| sysfs::rename_at(staged, name, target, name, Replace::Allow))
+                .map_err(fail)?,
         }
         shown.truncate(len);
     }

@@ -35,6 +35,12 @@ pub enum FsError {
     Busy { op: &'static str, path: String },
     #[error("cannot {op} `{path}`: the kernel rejected the request as invalid")]
     Invalid { op: &'static str, path: String },
+    /// `EOVERFLOW` on a create: the filesystem was mounted in a user
+    /// namespace (a sandbox's own tmpfs) that cannot map the caller's
+    /// filesystem uid or gid, so it cannot own the new inode. See
+    /// [`super::CreateAs`].
+    #[error("cannot {op} `{path}`: the filesystem cannot map the creator's ids")]
+    UnmappedCreator { op: &'static str, path: String },
     /// The object is on procfs, sysfs, a cgroup filesystem or another kernel
     /// interface the daemon must never read or write as host root.
     #[error("`{path}` is on a {fs} filesystem, which the file API never touches")]
@@ -69,12 +75,19 @@ impl FsError {
             Errno::ENOSPC | Errno::EDQUOT => FsError::NoSpace { op, path },
             Errno::EBUSY => FsError::Busy { op, path },
             Errno::EINVAL => FsError::Invalid { op, path },
+            Errno::EOVERFLOW => FsError::UnmappedCreator { op, path },
             errno => FsError::Os { op, path, errno },
         }
     }
 
     pub fn is_not_found(&self) -> bool {
         matches!(self, FsError::NotFound { .. })
+    }
+
+    /// The create failed only because of who created: retry it under
+    /// [`super::CreateAs`].
+    pub fn is_unmapped_creator(&self) -> bool {
+        matches!(self, FsError::UnmappedCreator { .. })
     }
 }
 

@@ -20,11 +20,13 @@
 //! [`open_regular_for_read`]), so a planted FIFO or device node is never
 //! opened, which could block or have side effects.
 
+mod creds;
 mod dir;
 mod error;
 mod open;
 mod ops;
 
+pub use creds::{create_mapped, CreateAs};
 pub use dir::{list_dir, DirEntry, DirListing};
 pub use error::FsError;
 pub use open::{create_file, open, open_host_dir, open_regular_for_read, Access, Resolve};

@@ -167,3 +167,64 @@ fn errors_name_the_operation_and_the_path() {
         "cannot remove `missing`: it does not exist"
     );
 }
+
+#[test]
+fn create_as_makes_names_as_the_given_ids_keeps_capabilities_and_restores_all() {
+    assert_eq!(
+        nix::unistd::geteuid().as_raw(),
+        0,
+        "this test needs root (run the suite as root, as CI does)"
+    );
+    let before = caps::read(None, caps::CapSet::Effective).expect("capget");
+    let tmp = tempfile::tempdir().unwrap();
+    // A directory only root may write: making a name there as another uid
+    // needs the capabilities the guard keeps.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let dir = std::fs::File::open(tmp.path()).unwrap();
+    let owner = |name: &str| {
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(tmp.path().join(name)).unwrap())
+    };
+    {
+        let _as = CreateAs::enter(424_242, 424_243).expect("create as");
+        mkdir_at(&dir, Path::new("d"), 0o700).expect("mkdir as another uid");
+        drop(create_file(&dir, Path::new("f"), 0o600).expect("create as another uid"));
+    }
+    assert_eq!((owner("d"), owner("f")), (424_242, 424_242));
+    let gid =
+        std::os::unix::fs::MetadataExt::gid(&std::fs::metadata(tmp.path().join("f")).unwrap());
+    assert_eq!(gid, 424_243);
+    // Back to root and the same capabilities.
+    drop(create_file(&dir, Path::new("g"), 0o600).unwrap());
+    assert_eq!(owner("g"), 0);
+    assert_eq!(caps::read(None, caps::CapSet::Effective).unwrap(), before);
+
+    // The retry helper makes the call once when it succeeds, twice (the
+    // second as the ids given) when the first is refused for its creator.
+    let mut calls = 0;
+    let got = create_mapped(424_242, 424_242, || {
+        calls += 1;
+        Ok::<_, FsError>(calls)
+    });
+    assert_eq!((got.unwrap(), calls), (1, 1));
+    let mut fsuids = Vec::new();
+    let got = create_mapped(424_242, 424_242, || {
+        // SAFETY: an invalid id (-1) changes nothing and returns the current one.
+        fsuids.push(unsafe { libc::setfsuid(u32::MAX) });
+        if fsuids.len() == 1 {
+            Err(FsError::UnmappedCreator {
+                op: "create",
+                path: "x".into(),
+            })
+        } else {
+            Ok(())
+        }
+    });
+    assert!(got.is_ok());
+    assert_eq!(fsuids, [0, 424_242]);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setfsuid(u32::MAX) }, 0);
+}
