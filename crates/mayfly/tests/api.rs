@@ -372,10 +372,15 @@ async fn destroy_is_idempotent() {
     ended(&http(&d.socket, "DELETE", &path, None, b""));
     ended(&http(&d.socket, "DELETE", &path, None, b""));
     let t = Instant::now();
-    while d.client.get(&sb.id).await.expect("get").state != SandboxState::Destroyed {
+    loop {
+        let info = d.client.get(&sb.id).await.expect("get");
+        if info.state == SandboxState::Destroyed {
+            break;
+        }
         assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "still not destroyed after 2 s"
+            t.elapsed() < Duration::from_secs(15),
+            "still not destroyed after 15 s: {info:?}; log:\n{}",
+            d.log()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -413,18 +418,19 @@ async fn a_sandbox_is_destroyed_when_its_ttl_passes() {
         })
         .await;
     assert!(sb.expires_at > sb.created_at && sb.expires_at - sb.created_at <= 1000);
+    // The reaper looks every 200 ms; a busy host may take a while longer.
     let info = loop {
         let info = d.client.get(&sb.id).await.expect("get");
-        if info.state == SandboxState::Destroyed || t.elapsed() > Duration::from_secs(3) {
+        if info.state == SandboxState::Destroyed {
             break info;
         }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "not destroyed 15 s after a 1 s TTL: {info:?}; log:\n{}",
+            d.log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(
-        info.state,
-        SandboxState::Destroyed,
-        "3 s after a 1 s TTL: {info:?}"
-    );
     assert_eq!(info.reason.as_deref(), Some("ttl"));
     assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
 }

@@ -94,7 +94,7 @@ async fn killing_a_daemonless_run_kills_its_sandbox_and_its_reaper_cleans_up() {
     // SAFETY: kill(2) on our own unreaped child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
-    let dead = common::eventually(std::time::Duration::from_secs(5), || {
+    let dead = common::eventually(std::time::Duration::from_secs(15), || {
         common::host::procs_in_sandbox(&id).is_empty()
     })
     .await;
@@ -105,7 +105,7 @@ async fn killing_a_daemonless_run_kills_its_sandbox_and_its_reaper_cleans_up() {
     );
     assert_no_leaks(&state, &[id.as_str()]);
     let sid: SandboxId = id.parse().expect("an id");
-    let recorded = common::eventually(std::time::Duration::from_secs(5), || {
+    let recorded = common::eventually(std::time::Duration::from_secs(15), || {
         store
             .get_sandbox(&sid)
             .ok()
@@ -199,7 +199,7 @@ async fn a_daemonless_run_leaves_no_empty_mayfly_cgroup_parent() {
     let dir = test_dir();
     let out = daemonless(&dir, &["run", "--", "true"]);
     expect_exit(&out, 0, "mayfly run");
-    let settled = common::eventually(std::time::Duration::from_secs(3), || {
+    let settled = common::eventually(std::time::Duration::from_secs(15), || {
         empty_mayfly_parents().is_empty()
     })
     .await;

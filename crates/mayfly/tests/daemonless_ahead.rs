@@ -137,9 +137,10 @@ fn spare_nets(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         .unwrap_or_default()
 }
 
-/// Waits up to 5 s for `dir` to hold exactly one spare set; returns it.
+/// Waits up to 15 s (a reaper leaves its set after its run has returned,
+/// at its own pace) for `dir` to hold exactly one spare set; returns it.
 fn one_spare(dir: &std::path::Path) -> std::path::PathBuf {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
         let nets = spare_nets(dir);
         if nets.len() == 1 {

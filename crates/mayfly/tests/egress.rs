@@ -12,7 +12,7 @@ use common::keys::{code, http};
 use common::*;
 use std::time::{Duration, Instant};
 
-use mayfly_types::{CreateRequest, EgressMode, ErrorCode};
+use mayfly_types::{CreateRequest, EgressMode, ErrorCode, ExecRequest};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -62,9 +62,14 @@ async fn allow_list_admits_allowed_names_and_blocks_everything_else() {
         .map(|(n, l)| format!("{n}.{}", l.parse::<u8>().unwrap_or(2) - 1))
         .expect("addr");
     expect(&d, &a, &["http", &gw, &port.to_string()], "BLOCKED").await;
+    // b serves on 8000, and listens before a tries: a must be blocked, not
+    // merely refused for want of a server.
     d.sh(
         &b,
-        "(python3 -m http.server 8000 >/dev/null 2>&1 &) ; sleep 0.5",
+        "(python3 -m http.server 8000 >/dev/null 2>&1 &) ; python3 -c '\
+         import socket, time\n\
+         for _ in range(300):\n    try: socket.create_connection((\"127.0.0.1\", 8000), 1); break\n    except OSError: time.sleep(0.1)\n\
+         else: raise SystemExit(\"http.server never listened on 8000\")'",
     )
     .await;
     expect(&d, &a, &["http", &b_addr, "8000"], "BLOCKED").await;
@@ -139,20 +144,55 @@ async fn the_connection_cap_is_enforced() {
     let mut p = policy(EgressMode::Allow, &[&format!("{}/32:7000-8080", out.addr)]);
     p.max_connections = Some(2);
     let id = create(&d, p).await;
+    // Two connections hold both places; the third is tried once the test
+    // has seen both reach the outside (it writes `/workspace/go`). Once
+    // they close, a place is free again as soon as the proxy has seen them
+    // end: retried until then.
     let script = format!(
-        "import socket, time\n\
+        "import os, socket, sys, time\n\
          held = [socket.create_connection(('{0}', 7000), timeout=3) for _ in range(2)]\n\
          for s in held: s.sendall(b'x')\n\
-         time.sleep(0.5)\n\
+         t = time.time()\n\
+         while not os.path.exists('/workspace/go'):\n    \
+             if time.time() - t > 60: sys.exit('no /workspace/go within 60 s')\n    \
+             time.sleep(0.02)\n\
          try:\n    s = socket.create_connection(('{0}', 8080), timeout=3); s.sendall(b'x'); s.settimeout(3)\n    print('third', s.recv(100)[:15])\n\
          except OSError as e:\n    print('third refused', type(e).__name__)\n\
          for h in held: h.close()\n\
-         time.sleep(0.5)\n\
-         s = socket.create_connection(('{0}', 8080), timeout=3); s.sendall(b'x'); s.settimeout(3)\n\
-         print('after', s.recv(100)[:15])\n",
+         t = time.time()\n\
+         while True:\n    \
+             try:\n        s = socket.create_connection(('{0}', 8080), timeout=3); s.sendall(b'x'); s.settimeout(3); got = s.recv(100)[:15]\n    \
+             except OSError as e:\n        got = type(e).__name__\n    \
+             if isinstance(got, bytes) and got.startswith(b'HTTP/1.0 200'): break\n    \
+             if time.time() - t > 30: break\n    \
+             time.sleep(0.1)\n\
+         print('after', got)\n",
         out.addr
     );
-    let r = d.exec(&id, &["python3", "-c", &script]).await;
+    let req = ExecRequest {
+        timeout_ms: Some(120_000),
+        ..cmd(&["python3", "-c", &script])
+    };
+    let (c, sb) = (d.client.clone(), id.clone());
+    let run = tokio::spawn(async move { c.exec(&sb, &req).await });
+    let t = Instant::now();
+    while out.hits("tcp 7000") < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the two held connections never reached the outside: {}",
+            out.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.client
+        .write_file(&id, "/workspace/go", "go", Some(0o644))
+        .await
+        .expect("writing /workspace/go");
+    let r = tokio::time::timeout(Duration::from_secs(150), run)
+        .await
+        .expect("the connection script did not end")
+        .expect("join")
+        .expect("exec");
     let text = String::from_utf8_lossy(&r.stdout.0).into_owned();
     assert!(
         text.contains("third refused") || text.contains("third b''"),
@@ -206,21 +246,22 @@ async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
     assert!(table_exists(&t));
     d.client.destroy(&id).await.expect("destroy");
     // Destroy answers once the sandbox is killed; cleanup follows.
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(15);
     while links_of(&t).contains(&link) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
         !links_of(&t).contains(&link),
-        "the sandbox's link outlived it"
+        "the sandbox's link outlived it by 15 s"
     );
     assert_no_leaks(&d.state_dir, &[id.as_str()]);
 
     let id2 = create(&d, policy(EgressMode::Open, &[])).await;
     d.kill9();
     // The kernel frees the namespaces, and their veth pairs, with the
-    // daemon's processes; the table waits for the restart.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // daemon's processes (asynchronously, and slowly on a busy host); the
+    // table waits for the restart.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !links_of(&t).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }

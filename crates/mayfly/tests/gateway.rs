@@ -127,6 +127,8 @@ async fn websocket_h2c_and_streaming_pass_through() {
     }
 
     // Streaming: the first chunk arrives long before the last is sent.
+    // (The server sends three chunks 700 ms apart, then ends the answer
+    // 700 ms after the last: buffered, chunk 0 would come with the end.)
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw))
         .await
         .unwrap();
@@ -149,8 +151,10 @@ async fn websocket_h2c_and_streaming_pass_through() {
     }
     let (first, total) = (first.expect("chunk 0 arrived"), t0.elapsed());
     assert!(seen.contains("chunk 2"), "{seen}");
+    // Measured from chunk 0's arrival, not from the request, so a slow
+    // host's latency before the server starts answering does not count.
     assert!(
-        first < Duration::from_millis(600) && total >= Duration::from_millis(1400),
+        total - first >= Duration::from_millis(1400),
         "not streamed: first chunk after {first:?}, whole answer after {total:?}"
     );
 }
@@ -418,7 +422,7 @@ async fn destroy_and_daemon_crash_leave_no_namespace_listener_or_process() {
 
     d.client.destroy(&id).await.unwrap();
     let mut left = Vec::new();
-    let gone = common::eventually(Duration::from_secs(5), || {
+    let gone = common::eventually(Duration::from_secs(15), || {
         left = holders_of(&ns);
         left.is_empty()
     })
@@ -429,7 +433,7 @@ async fn destroy_and_daemon_crash_leave_no_namespace_listener_or_process() {
     );
     assert!(!netns_fds(d.pid).contains(&ns));
     let mut held = Vec::new();
-    let closed = common::eventually(Duration::from_secs(5), || {
+    let closed = common::eventually(Duration::from_secs(15), || {
         held = sockets_held(d.pid, &inside);
         held.is_empty()
     })

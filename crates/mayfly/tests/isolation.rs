@@ -183,7 +183,7 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
         .await
         .expect("starting sleep");
     let mut sleeps = Vec::new();
-    let found = common::eventually(Duration::from_secs(2), || {
+    let found = common::eventually(Duration::from_secs(15), || {
         sleeps = procs_inside(a.id.as_str(), a.init_pid)
             .into_iter()
             .filter(|p| p.comm == "sleep")

@@ -36,16 +36,19 @@ async fn events_of(d: &Daemon, id: &mayfly_types::SandboxId, kind: &str) -> Vec<
         .collect()
 }
 
+/// Waits (up to 30 s: OOM kills and destroys are slow on a busy host) for
+/// the latest `kind` event of sandbox `id`.
 async fn wait_for_event(d: &Daemon, id: &mayfly_types::SandboxId, kind: &str) -> Event {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(e) = events_of(d, id, kind).await.pop() {
             return e;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no `{kind}` event for {id} within 10 s; events: {:?}",
-            d.client.events(0, 10_000).await
+            "no `{kind}` event for {id} within 30 s; events: {:?}; log:\n{}",
+            d.client.events(0, 10_000).await,
+            d.log()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -85,11 +88,13 @@ async fn an_exec_killed_by_the_oom_killer_is_an_oom_kill_event_and_metric() {
     let script = format!("{} -c \"{}\"", HOG[0], HOG[2]);
     let r = d.exec(&sb.id, &["sh", "-c", &script]).await;
     assert_eq!(r.status.exit_code, Some(137), "{:?}", r.status);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while events_of(&d, &sb.id, "oom_kill").await.len() < 2 {
         assert!(
             std::time::Instant::now() < deadline,
-            "no second oom_kill event"
+            "no second oom_kill event within 30 s: {:?}; log:\n{}",
+            events_of(&d, &sb.id, "oom_kill").await,
+            d.log()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -266,28 +271,28 @@ async fn metrics_of_a_real_daemon_parse_and_count_what_happened() {
         ..Default::default()
     };
     d.client.set_pool("warm", &spec).await.expect("set pool");
-    let mut ready = false;
-    for _ in 0..500 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
         let m = metrics(&d).await;
-        if openmetrics::value(&m, "mayfly_pool_ready", &[("pool", "warm")]) == Some(1.0) {
-            ready = true;
+        let ready = openmetrics::value(&m, "mayfly_pool_ready", &[("pool", "warm")]);
+        if ready == Some(1.0) {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool gauge did not show the booted sandbox within 15 s: {ready:?}; log:\n{}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(ready, "the pool gauge never showed the booted sandbox");
     let c = d.create().await;
     assert_eq!(c.source, mayfly_types::SandboxSource::Pool);
     // The claim is counted from its `claimed` event, which is committed
-    // just after the claim is answered.
-    let mut m = metrics(&d).await;
-    for _ in 0..100 {
-        if openmetrics::value(&m, "mayfly_claim_seconds_count", &[]) == Some(1.0) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        m = metrics(&d).await;
-    }
+    // just after the claim is answered; a read of the claimed sandbox
+    // answers once it is, and a scrape sees every event committed before
+    // it.
+    d.client.get(&c.id).await.expect("the claimed record");
+    let m = metrics(&d).await;
     let v = |name: &str, labels: &[(&str, &str)]| openmetrics::value(&m, name, labels);
     assert_eq!(v("mayfly_creates_total", &[("source", "pool")]), Some(1.0));
     assert_eq!(v("mayfly_claim_seconds_count", &[]), Some(1.0));
@@ -315,11 +320,18 @@ async fn the_event_stream_has_no_gap_or_repeat_under_concurrent_creates() {
     }
     d.client.destroy(&first.id).await.expect("destroy");
     // Every destroy has finished once all 13 `destroyed` events are stored.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let all = loop {
         let all = d.client.events(0, 10_000).await.expect("events");
-        if all.iter().filter(|e| e.kind == "destroyed").count() == 13 {
+        let destroyed = all.iter().filter(|e| e.kind == "destroyed").count();
+        if destroyed == 13 {
             break all;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{destroyed} of 13 `destroyed` events within 30 s: {all:?}; log:\n{}",
+            d.log()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let last = all.last().expect("events").seq;

@@ -300,7 +300,7 @@ fn killing_a_run_served_parked_kills_its_command() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(
-        wait_destroyed(&dir, &parked.id, 10).as_deref(),
+        wait_destroyed(&dir, &parked.id, 30).as_deref(),
         Some("user")
     );
     assert!(
@@ -320,6 +320,17 @@ fn a_killed_keeper_leaves_nothing_after_the_next_run() {
     // SAFETY: kill(2) on a pid the record names; no memory is involved.
     let killed = unsafe { libc::kill(parked.owner_pid as i32, libc::SIGKILL) };
     assert_eq!(killed, 0, "killing the keeper");
+    // kill(2) only sends the signal: the next run comes once the keeper is
+    // dead (until then it would still count as the sandbox's live owner).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while mayfly_sys::process::start_time(parked.owner_pid) == Some(parked.owner_start) {
+        assert!(
+            Instant::now() < deadline,
+            "the keeper (pid {}) outlived its SIGKILL by 15 s",
+            parked.owner_pid
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let out = parked_run(&dir, &["run", "--", "hostname"]);
     let host = expect_exit(&out, 0, "the run after");
     assert_ne!(host.trim(), parked.id.as_str());
@@ -388,7 +399,7 @@ fn a_keeper_retires_when_a_run_of_another_binary_comes() {
     let host = expect_exit(&out, 0, "a run of the rebuilt binary");
     assert_ne!(host.trim(), parked.id.as_str());
     assert_eq!(
-        wait_destroyed(&dir, &parked.id, 10).as_deref(),
+        wait_destroyed(&dir, &parked.id, 30).as_deref(),
         Some("parked_stale_binary")
     );
     // The rebuilt binary's reaper parks the next one.

@@ -315,21 +315,28 @@ async fn pool_settings_change_live_and_bad_ones_are_refused() {
     };
     let p = d.client.set_pool("host", &spec).await.expect("set");
     assert_eq!((p.target, p.max, p.refill_concurrency), (3, 4, 1));
-    // Refill boots one at a time.
+    // Refill boots one at a time: watched until the pool is full.
     let mut most_filling = 0;
-    for _ in 0..300 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
         let p = pool(&d, "host").await;
         most_filling = most_filling.max(p.filling);
         if p.ready == 3 {
             break;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pool `host` did not reach 3 ready within 30 s: {p:?}; log:\n{}",
+            d.log()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(most_filling, 1, "refill concurrency 1 was exceeded");
     wait_ready(&d, "host", 3).await;
     assert!(
-        eventually(Duration::from_secs(5), || !live(&d).contains(&before[0])).await,
-        "the sandbox that no longer fits was not destroyed"
+        eventually(Duration::from_secs(15), || !live(&d).contains(&before[0])).await,
+        "the sandbox that no longer fits was not destroyed; log:\n{}",
+        d.log()
     );
     let sb = d
         .create_limited(Limits {
@@ -430,7 +437,10 @@ async fn pool_settings_change_live_and_bad_ones_are_refused() {
         "{table}"
     );
 
-    // Drain destroys the waiting sandboxes and stops refill.
+    // Drain destroys the waiting sandboxes and stops refill. Both pools
+    // first refill what was claimed from them above.
+    wait_ready(&d, "host", 3).await;
+    wait_ready(&d, "rootdir", 1).await;
     let waiting: Vec<String> = unclaimed(&d);
     assert_eq!(
         waiting.len(),
@@ -440,9 +450,10 @@ async fn pool_settings_change_live_and_bad_ones_are_refused() {
     let p = d.client.drain_pool("host").await.expect("drain");
     assert_eq!((p.target, p.ready), (0, 0));
     assert!(
-        eventually(Duration::from_secs(5), || unclaimed(&d).len() == 1).await,
-        "drained sandboxes stayed: {:?}",
-        unclaimed(&d)
+        eventually(Duration::from_secs(15), || unclaimed(&d).len() == 1).await,
+        "drained sandboxes stayed: {:?}; log:\n{}",
+        unclaimed(&d),
+        d.log()
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(pool(&d, "host").await.ready, 0, "a drained pool refilled");

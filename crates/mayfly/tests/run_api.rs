@@ -38,7 +38,7 @@ fn no_claimed_sandbox(d: &Daemon) -> bool {
 }
 
 async fn wait_destroyed(d: &Daemon, id: &mayfly_types::SandboxId) {
-    let done = eventually(Duration::from_secs(10), || {
+    let done = eventually(Duration::from_secs(15), || {
         record(d, id).state == SandboxState::Destroyed && !d.sandbox_dir(id).exists()
     })
     .await;
@@ -82,8 +82,9 @@ async fn a_run_streams_its_command_and_takes_its_sandbox_with_it() {
     let out = d.run_cli(&["run", "--", "sh", "-c", "echo via-cli; exit 3"]);
     assert_eq!(expect_exit(&out, 3, "mayfly run"), "via-cli\n");
     assert!(
-        eventually(Duration::from_secs(10), || no_claimed_sandbox(&d)).await,
-        "a run's sandbox outlived it"
+        eventually(Duration::from_secs(15), || no_claimed_sandbox(&d)).await,
+        "a run's sandbox outlived it; log:\n{}",
+        d.log()
     );
 }
 
@@ -153,8 +154,9 @@ async fn a_bad_run_is_refused_and_leaves_nothing() {
         );
     }
     assert!(
-        eventually(Duration::from_secs(10), || no_claimed_sandbox(&d)).await,
-        "a refused run left a sandbox"
+        eventually(Duration::from_secs(15), || no_claimed_sandbox(&d)).await,
+        "a refused run left a sandbox; log:\n{}",
+        d.log()
     );
     // Every sandbox the runs made is destroyed, and its directory gone.
     let all = mayfly_store::Store::open(&d.state_dir)
@@ -175,16 +177,19 @@ async fn a_claim_is_recorded_before_anything_reads_or_ends_it() {
     for round in 0..8 {
         // Wait on the pool's own count: a pooled record can be in the
         // store while its sandbox still boots, and a create then is cold.
-        let mut ready = false;
-        for _ in 0..500 {
-            let pools = d.client.pools().await.expect("listing pools");
+        let mut pools = Vec::new();
+        for _ in 0..750 {
+            pools = d.client.pools().await.expect("listing pools");
             if pools.iter().any(|p| p.name == "host" && p.ready >= 1) {
-                ready = true;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(ready, "the pool did not refill; log:\n{}", d.log());
+        assert!(
+            pools.iter().any(|p| p.name == "host" && p.ready >= 1),
+            "round {round}: the pool did not refill within 15 s: {pools:?}; log:\n{}",
+            d.log()
+        );
         let label = format!("r{round}");
         let sb = d
             .create_with(&CreateRequest {

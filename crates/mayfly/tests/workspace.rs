@@ -131,8 +131,37 @@ async fn the_patch_of_an_edit_and_a_new_file_applies_on_the_starting_commit() {
     );
 }
 
+/// The mirrors in a daemon's git cache, each with its directory's inode and
+/// its pack files: a mirror that is fetched into again, with nothing new to
+/// fetch, keeps both.
+fn mirrors(d: &Daemon) -> Vec<(String, u64, Vec<String>)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let names = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let cache = d.state_dir.join("git-cache");
+    names(&cache)
+        .into_iter()
+        .filter(|n| n.ends_with(".git"))
+        .map(|n| {
+            let dir = cache.join(&n);
+            let ino = std::fs::metadata(&dir).expect("a mirror").ino();
+            let packs = names(&dir.join("objects/pack"));
+            (n, ino, packs)
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn a_second_clone_of_the_same_repo_comes_from_the_cache_faster() {
+async fn a_second_clone_of_the_same_repo_comes_from_the_cache() {
     let d = Daemon::start().await;
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
@@ -155,12 +184,31 @@ async fn a_second_clone_of_the_same_repo_comes_from_the_cache_faster() {
     let t0 = Instant::now();
     let a = d.create_with(&req).await;
     let first = t0.elapsed();
+    let cached = mirrors(&d);
+    assert_eq!(
+        cached.len(),
+        1,
+        "the first create made one mirror: {cached:?}"
+    );
+    assert!(
+        !cached[0].2.is_empty(),
+        "the mirror has no pack: {cached:?}"
+    );
     let t1 = Instant::now();
     let b = d.create_with(&req).await;
     let second = t1.elapsed();
     eprintln!("create with a git workspace: first {first:?}, second (cached) {second:?}");
     assert_eq!(d.sh(&b.id, "ls /workspace | wc -l").await.trim(), "32");
-    assert!(second < first, "first {first:?}, second {second:?}");
+    // The second create fetched into the mirror the first one made and
+    // found nothing new: the same directory, the same packs, so it cloned
+    // from the cache. How much faster that was is printed above, not
+    // asserted: two timings this close are noise on a busy host.
+    assert_eq!(
+        mirrors(&d),
+        cached,
+        "the second create did not reuse the first one's mirror \
+         (first {first:?}, second {second:?})"
+    );
     assert_eq!(
         std::fs::read_dir(d.state_dir.join("git-cache"))
             .unwrap()

@@ -16,7 +16,7 @@ pub fn sandbox_dirs_left(dir: &tempfile::TempDir) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Waits (up to 5 s) until every sandbox a daemonless state directory has
+/// Waits (up to 20 s) until every sandbox a daemonless state directory has
 /// seen is recorded `destroyed` and its reaper has exited, then checks that
 /// nothing of them is left on the host.
 /// Returns the records.
@@ -30,7 +30,8 @@ pub fn spare_ns_dir(dir: &tempfile::TempDir) -> std::path::PathBuf {
     dir.path().join("spare-ns")
 }
 
-/// Waits (up to 5 s) until every sandbox of the test's state directory but
+/// Waits (up to 20 s: reapers run detached, at whatever pace a busy host
+/// gives them) until every sandbox of the test's state directory but
 /// `except` is recorded `destroyed` and its reaper has exited; returns those
 /// records.
 fn wait_for_reapers(
@@ -39,7 +40,7 @@ fn wait_for_reapers(
 ) -> Vec<mayfly_store::SandboxRecord> {
     let state = dir.path().join("state");
     let store = mayfly_store::Store::open(&state).expect("opening the run's store");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let mut records = store.list_sandboxes(true).expect("listing sandboxes");
         records.retain(|r| !except.contains(&r.id));

@@ -73,11 +73,12 @@ pub async fn serve_in(d: &Daemon, id: &SandboxId, name: &str, port: u16, gateway
         )
         .await
         .expect("starting server.py");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while d.client.connect_port(id, port).await.is_err() {
         assert!(
             Instant::now() < deadline,
-            "server.py did not listen on {port} in {id} within 10 s"
+            "server.py did not listen on {port} in {id} within 30 s; daemon log:\n{}",
+            d.log()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -104,11 +105,11 @@ impl HostServer {
             .stdout(Stdio::null())
             .spawn()
             .expect("spawning python3");
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
                 Instant::now() < deadline,
-                "the host server did not listen within 10 s"
+                "the host server did not listen within 30 s"
             );
             std::thread::sleep(Duration::from_millis(30));
         }
