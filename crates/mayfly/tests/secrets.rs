@@ -57,6 +57,12 @@ async fn secrets_reach_commands_and_nothing_mayfly_keeps() {
         secrets: vec![
             secret("create_env", &at_create, Some("CREATE_TOKEN")),
             secret("create_file", &at_create, None),
+            // In a directory of its own, which a non-root command must be
+            // able to enter.
+            Secret {
+                file: Some("/run/secrets/db/password".into()),
+                ..secret("db_password", &at_create, None)
+            },
         ],
         ..Default::default()
     };
@@ -67,7 +73,8 @@ async fn secrets_reach_commands_and_nothing_mayfly_keeps() {
             "-c".into(),
             "echo \"$CREATE_TOKEN\"; cat /run/secrets/create_file; echo; \
              echo \"$EXEC_TOKEN\"; cat /run/secrets/exec_file; echo; \
-             stat -c '%a %u' /run/secrets/create_file /run/secrets/exec_file"
+             stat -c '%a %u' /run/secrets/create_file /run/secrets/exec_file; \
+             cat /run/secrets/db/password; echo; stat -c '%a %u' /run/secrets/db/password"
                 .into(),
         ],
         uid: Some(1000),
@@ -88,6 +95,8 @@ async fn secrets_reach_commands_and_nothing_mayfly_keeps() {
             at_exec.as_str(),
             at_exec.as_str(),
             "400 1000",
+            "400 1000",
+            at_create.as_str(),
             "400 1000"
         ]
     );
@@ -99,7 +108,7 @@ async fn secrets_reach_commands_and_nothing_mayfly_keeps() {
             "ls /run/secrets; echo \"[$EXEC_TOKEN]\"; findmnt -no FSTYPE /run/secrets",
         )
         .await;
-    assert_eq!(after, "create_file\n[]\ntmpfs\n");
+    assert_eq!(after, "create_file\ndb\n[]\ntmpfs\n");
     // A file secret is on the tmpfs, never on the upper directory (host disk).
     assert!(files_containing(&d.sandbox_dir(&sb.id), at_create.as_bytes()).is_empty());
 

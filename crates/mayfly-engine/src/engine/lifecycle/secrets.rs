@@ -80,73 +80,30 @@ impl Engine {
         if files.is_empty() {
             return Ok(());
         }
-        // The file API resolves without crossing mounts, and /run/secrets
-        // is a mount of its own: a root shell inside the sandbox writes each
-        // file from its stdin (never from argv or env, which are audited or
-        // visible in /proc), then hands it to `uid`.
-        const WRITE: &str = "umask 077 && mkdir -p \"${1%/*}\" && cat > \"$1.new\" && \
-            chown \"$2:$2\" \"$1.new\" && chmod 0400 \"$1.new\" && mv -f \"$1.new\" \"$1\"";
-        for (path, value) in files {
-            let argv = ["sh", "-c", WRITE, "sh", &path, &uid.to_string()]
-                .map(String::from)
-                .to_vec();
-            self.inside_quietly(sb, argv, Some(value))
-                .await
-                .map_err(|why| {
-                    EngineError::Internal(format!(
-                        "writing secret file `{path}` in sandbox {}: {why}",
-                        sb.id
-                    ))
-                })?;
-        }
-        Ok(())
-    }
-
-    /// Runs a helper command as root inside the sandbox, without secrets
-    /// and without an audit record; `Err` with its stderr when it fails.
-    async fn inside_quietly(
-        &self,
-        sb: &Arc<Sandbox>,
-        argv: Vec<String>,
-        stdin: Option<Vec<u8>>,
-    ) -> Result<(), String> {
-        let mut spec = crate::engine::exec::CommandSpec::new(
-            argv,
-            Default::default(),
-            Some("/".into()),
-            Some(0),
-            None,
-        )
-        .map_err(|e| e.to_string())?;
-        spec.no_secrets = true;
-        let started = self
-            .spawn_command(sb, &spec)
-            .await
-            .map_err(|e| e.to_string())?;
-        let out = [
-            Arc::new(std::sync::Mutex::new(
-                crate::engine::exec::Collected::default(),
-            )),
-            Arc::new(std::sync::Mutex::new(
-                crate::engine::exec::Collected::default(),
-            )),
-        ];
-        let opts = crate::engine::exec::PumpOptions {
-            stdin,
-            timeout: Some(std::time::Duration::from_secs(10)),
-            limit: 4096,
-            sink: crate::engine::exec::Sink::Buffer,
-        };
-        let r = self.pump(sb, started, opts, out).await;
-        if r.status.exit_code == Some(0) {
+        // Through the file API, as every file the daemon puts in a sandbox:
+        // resolved inside the sandbox's root (a symlink planted on the
+        // tmpfs cannot lead out), written to a temporary name and renamed
+        // into place, owned by `uid`, mode 0400. Its directories are the
+        // sandbox root's, 0755, so a non-root `uid` can reach its file.
+        let fs = Engine::fs_of(sb)?;
+        let id = sb.id.clone();
+        tokio::task::spawn_blocking(move || {
+            for (path, value) in files {
+                let parent = std::path::Path::new(&path)
+                    .parent()
+                    .and_then(|p| p.to_str())
+                    .filter(|p| *p != super::check::SECRETS_DIR);
+                if let Some(parent) = parent {
+                    fs.mkdir(parent, true, Some(0o755))
+                        .map_err(|e| secret_write_failed(&path, &id, &e))?;
+                }
+                fs.write(&path, &value, Some(0o400), uid)
+                    .map_err(|e| secret_write_failed(&path, &id, &e))?;
+            }
             Ok(())
-        } else {
-            Err(format!(
-                "{:?}: {}",
-                r.status,
-                String::from_utf8_lossy(&r.stderr.0).trim_end()
-            ))
-        }
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("writing secret files panicked: {e}")))?
     }
 
     /// Removes an exec's file secrets after it, unless the sandbox's own
@@ -165,10 +122,27 @@ impl Engine {
         if gone.is_empty() {
             return;
         }
-        let mut argv = vec!["rm".to_owned(), "-f".to_owned(), "--".to_owned()];
-        argv.extend(gone);
-        let _ = self.inside_quietly(sb, argv, None).await;
+        let Ok(fs) = Engine::fs_of(sb) else {
+            return;
+        };
+        // Best effort: a file the command removed itself is already gone.
+        let _ = tokio::task::spawn_blocking(move || {
+            for path in gone {
+                let _ = fs.remove(&path, false);
+            }
+        })
+        .await;
     }
+}
+
+/// A secret file that could not be written. The file API's error names
+/// only the path and what failed, never the value.
+fn secret_write_failed(
+    path: &str,
+    id: &mayfly_types::SandboxId,
+    e: &crate::files::FilesError,
+) -> EngineError {
+    EngineError::Internal(format!("writing secret file `{path}` in sandbox {id}: {e}"))
 }
 
 #[cfg(test)]
