@@ -45,6 +45,7 @@ pub async fn cp(cli: &Cli, a: &CpArgs) -> anyhow::Result<i32> {
             } else {
                 let data =
                     std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+                let dst = file_target(&c, &id, &dst, src).await?;
                 let st = c.write_file(&id, &dst, data, None).await?;
                 serde_json::to_value(st)?
             }
@@ -74,6 +75,28 @@ pub async fn cp(cli: &Cli, a: &CpArgs) -> anyhow::Result<i32> {
         output::json(&summary)?;
     }
     Ok(0)
+}
+
+/// Where a host file lands in the sandbox, as `docker cp` places it: into
+/// `dst/<name>` when `dst` is an existing directory; at `dst` otherwise,
+/// unless `dst` ends in `/` and no such directory exists.
+async fn file_target(
+    c: &mayfly_client::Client,
+    id: &SandboxId,
+    dst: &str,
+    src: &Path,
+) -> anyhow::Result<String> {
+    let name = src
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{} has no usable file name", src.display()))?;
+    match c.stat(id, dst).await {
+        Ok(st) if st.kind == FileKind::Dir => Ok(format!("{}/{name}", dst.trim_end_matches('/'))),
+        Err(e) if dst.ends_with('/') && e.code() == Some(mayfly_types::ErrorCode::NotFound) => {
+            anyhow::bail!("{id}:{dst}: no such directory")
+        }
+        _ => Ok(dst.to_owned()),
+    }
 }
 
 /// Unpacks a downloaded directory like `docker cp`: into `dst/<name>` when

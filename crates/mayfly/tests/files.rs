@@ -440,3 +440,38 @@ async fn the_sandboxs_own_tmpfs_mounts_take_writes_mkdirs_renames_and_uploads() 
         );
     }
 }
+
+/// A host file copied in lands as `docker cp` puts it: into an existing
+/// directory under its own name, at a new name as that name, and never
+/// into a directory that does not exist.
+#[tokio::test]
+async fn cli_cp_of_a_file_lands_where_docker_cp_puts_it() {
+    let d = Daemon::start().await;
+    let sb = d.create().await;
+    let work = common::test_dir();
+    let src = work.path().join("notes.txt");
+    std::fs::write(&src, "n\n").expect("writing the source");
+    let src = src.to_str().expect("utf-8");
+    for (dst, lands) in [
+        ("/tmp", "/tmp/notes.txt"),
+        ("/workspace/", "/workspace/notes.txt"),
+        ("/workspace/renamed", "/workspace/renamed"),
+    ] {
+        let out = d.run_cli(&["cp", src, &format!("{}:{dst}", sb.id)]);
+        common::expect_exit(&out, 0, &format!("mayfly cp to {dst}"));
+        assert_eq!(d.sh(&sb.id, &format!("cat {lands}")).await, "n\n", "{dst}");
+    }
+    let out = d.run_cli(&["cp", src, &format!("{}:/workspace/nodir/", sb.id)]);
+    // 125: an error of mayfly itself, as `docker cp` exits.
+    common::expect_exit(&out, 125, "mayfly cp into a missing directory");
+    assert!(
+        text(&out.stderr).contains("no such directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        d.sh(&sb.id, "test -e /workspace/nodir || echo absent")
+            .await,
+        "absent\n"
+    );
+}
