@@ -346,6 +346,10 @@ pub struct PsArgs {
     /// Include destroyed and failed sandboxes.
     #[arg(long, short = 'a')]
     pub all: bool,
+    /// Print only the ids, one per line (`mayfly rm $(mayfly ps -q)`);
+    /// `--json` still prints the whole list.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Args)]

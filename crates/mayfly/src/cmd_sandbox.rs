@@ -54,6 +54,10 @@ pub async fn ps(cli: &Cli, a: &PsArgs) -> anyhow::Result<i32> {
     let list = client(cli)?.list(a.all).await?;
     if cli.json {
         output::json(&list)?;
+    } else if a.quiet {
+        for sb in &list {
+            println!("{}", sb.id);
+        }
     } else {
         output::sandbox_table(&list);
     }

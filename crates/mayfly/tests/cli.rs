@@ -77,6 +77,16 @@ async fn json_output_of_create_and_ps_parses() {
     let list: Vec<SandboxInfo> = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("`ps --json` is not a list of SandboxInfo ({e}): {stdout}"));
     assert_eq!(list.iter().map(|s| &s.id).collect::<Vec<_>>(), [&info.id]);
+    // `ps -q`: the ids alone, for `mayfly rm $(mayfly ps -q)`.
+    let quiet = expect_exit(&d.run_cli(&["ps", "-q"]), 0, "mayfly ps -q");
+    assert_eq!(quiet, format!("{}\n", info.id));
+    // `--json` keeps its meaning wherever it is given.
+    for args in [["--json", "ps", "-q"], ["ps", "-q", "--json"]] {
+        let out = expect_exit(&d.run_cli(&args), 0, "mayfly ps -q with --json");
+        let list: Vec<SandboxInfo> = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("{args:?} is not a list of SandboxInfo ({e}): {out}"));
+        assert_eq!(list.len(), 1, "{args:?}");
+    }
 
     let stdout = expect_exit(
         &d.run_cli(&["--json", "rm", info.id.as_str()]),
