@@ -307,3 +307,36 @@ async fn a_template_without_a_shell_fails_exec_cleanly_and_destroys_cleanly() {
         "destroy touched the template"
     );
 }
+
+/// A test that kills its daemon and fails before starting it again must
+/// not leak either: the harness (`Daemon`'s drop) starts it once more on
+/// the same state directory, whose recovery removes what the killed one
+/// left (its sandboxes, its pool's, its stubs), before the directory goes.
+#[tokio::test]
+async fn a_killed_daemon_its_test_never_restarts_leaks_nothing() {
+    let mut d = Daemon::start_with(&["--pool", "host=2"]).await;
+    let sb = d.create().await;
+    let mut ready = false;
+    for _ in 0..750 {
+        let pools = d.client.pools().await.expect("listing pools");
+        if pools.iter().any(|p| p.name == "host" && p.ready == 2) {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        ready,
+        "the pool never held two sandboxes; log:\n{}",
+        d.log()
+    );
+    // The live sandbox, the pool's two and the stubs made ahead.
+    let ids = host::cgroup_ids_below(d.pid);
+    assert!(ids.contains(sb.id.as_str()), "{ids:?}");
+    assert!(ids.len() >= 3, "{ids:?}");
+    let state = d.state_dir.clone();
+    d.kill9();
+    drop(d);
+    let ids: Vec<String> = ids.into_iter().collect();
+    assert_no_leaks(&state, &ids);
+}

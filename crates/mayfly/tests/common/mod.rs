@@ -76,6 +76,9 @@ pub struct Daemon {
     pub pid: u32,
     extra_args: Vec<String>,
     child: Option<Child>,
+    /// Killed with SIGKILL and not started again: what it left (sandboxes,
+    /// stubs, cgroups) is only reclaimed by a start on its state directory.
+    killed: bool,
     log: PathBuf,
     dir: Option<tempfile::TempDir>,
 }
@@ -100,6 +103,7 @@ impl Daemon {
             pid: 0,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            killed: false,
             log,
             dir: Some(dir),
         };
@@ -108,27 +112,7 @@ impl Daemon {
     }
 
     async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("opening the daemon log");
-        let child = Command::new(BIN)
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .arg("serve")
-            .args(&self.extra_args)
-            .env("MAYFLY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("duplicating the log fd"))
-            .stderr(log)
-            .spawn()
-            .expect("spawning `mayfly serve`");
-        self.pid = child.id();
-        self.child = Some(child);
-        self.client = Client::unix(&self.socket);
+        self.launch();
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if let Some(status) = self
@@ -153,6 +137,50 @@ impl Daemon {
         }
     }
 
+    /// Starts `mayfly serve` on this daemon's socket and state directory.
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("opening the daemon log");
+        let child = Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("serve")
+            .args(&self.extra_args)
+            .env("MAYFLY_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("duplicating the log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("spawning `mayfly serve`");
+        self.pid = child.id();
+        self.child = Some(child);
+        self.killed = false;
+        self.client = Client::unix(&self.socket);
+    }
+
+    /// After a SIGKILL the test did not follow with a restart (it failed
+    /// first): starts the daemon once more, whose start-up recovery
+    /// removes what the killed one left, and stops it, so that a failed
+    /// test leaks nothing once its state directory is deleted. Recovery
+    /// runs before the socket is bound, so an accepted connection means
+    /// it is done.
+    fn reclaim_after_kill9(&mut self) {
+        self.launch();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && self.is_running() {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop();
+    }
+
     /// What the daemon has written to stdout and stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -163,6 +191,7 @@ impl Daemon {
         if let Some(mut child) = self.child.take() {
             child.kill().expect("sending SIGKILL to the daemon");
             child.wait().expect("reaping the daemon");
+            self.killed = true;
         }
     }
 
@@ -289,6 +318,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if self.killed {
+            self.reclaim_after_kill9();
+        }
         self.stop();
         if std::thread::panicking() {
             let log = self.log();
