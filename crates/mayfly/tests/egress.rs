@@ -294,19 +294,7 @@ async fn nothing_is_left_after_destroy_and_after_kill9_and_restart() {
 async fn a_pool_with_network_serves_creates_with_egress_and_applies_their_policy() {
     let out = Outside::start();
     let d = daemon_for(&out, &["--pool", "host=2,network=on"]).await;
-    let mut ready = false;
-    for _ in 0..750 {
-        let pools = d.client.pools().await.expect("pools");
-        if pools
-            .iter()
-            .any(|p| p.name == "host" && p.ready == 2 && p.network)
-        {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(ready, "the network pool never held two sandboxes");
+    d.wait_pool("host", |p| p.ready == 2 && p.network).await;
     let info = d
         .create_with(&CreateRequest {
             egress: Some(policy(EgressMode::Allow, &["allowed.test:80"])),

@@ -316,20 +316,7 @@ async fn a_template_without_a_shell_fails_exec_cleanly_and_destroys_cleanly() {
 async fn a_killed_daemon_its_test_never_restarts_leaks_nothing() {
     let mut d = Daemon::start_with(&["--pool", "host=2"]).await;
     let sb = d.create().await;
-    let mut ready = false;
-    for _ in 0..750 {
-        let pools = d.client.pools().await.expect("listing pools");
-        if pools.iter().any(|p| p.name == "host" && p.ready == 2) {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        ready,
-        "the pool never held two sandboxes; log:\n{}",
-        d.log()
-    );
+    d.wait_pool("host", |p| p.ready == 2).await;
     // The live sandbox, the pool's two and the stubs made ahead.
     let ids = host::cgroup_ids_below(d.pid);
     assert!(ids.contains(sb.id.as_str()), "{ids:?}");

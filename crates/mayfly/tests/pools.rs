@@ -21,18 +21,8 @@ async fn pool(d: &Daemon, name: &str) -> PoolInfo {
 
 /// Waits until pool `name` holds `ready` unclaimed sandboxes.
 async fn wait_ready(d: &Daemon, name: &str, ready: u32) -> PoolInfo {
-    for _ in 0..750 {
-        let p = pool(d, name).await;
-        if p.ready == ready && p.filling == 0 {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
-        "pool `{name}` did not reach {ready} ready: {:?}; log:\n{}",
-        pool(d, name).await,
-        d.log()
-    );
+    d.wait_pool(name, |p| p.ready == ready && p.filling == 0)
+        .await
 }
 
 /// The ids of the live sandboxes waiting unclaimed in a pool, as the

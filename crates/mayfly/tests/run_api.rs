@@ -177,19 +177,7 @@ async fn a_claim_is_recorded_before_anything_reads_or_ends_it() {
     for round in 0..8 {
         // Wait on the pool's own count: a pooled record can be in the
         // store while its sandbox still boots, and a create then is cold.
-        let mut pools = Vec::new();
-        for _ in 0..750 {
-            pools = d.client.pools().await.expect("listing pools");
-            if pools.iter().any(|p| p.name == "host" && p.ready >= 1) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(
-            pools.iter().any(|p| p.name == "host" && p.ready >= 1),
-            "round {round}: the pool did not refill within 15 s: {pools:?}; log:\n{}",
-            d.log()
-        );
+        d.wait_pool("host", |p| p.ready >= 1).await;
         let label = format!("r{round}");
         let sb = d
             .create_with(&CreateRequest {

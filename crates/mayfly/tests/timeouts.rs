@@ -192,22 +192,8 @@ async fn a_draining_shutdown_serves_live_sandboxes_and_refuses_new_ones() {
     .await;
     let sb = d.create().await;
     // The pool holds an unclaimed sandbox for the drain to take.
-    let t = Instant::now();
-    loop {
-        let pools = d.client.pools().await.expect("pools");
-        if pools
-            .iter()
-            .any(|p| p.name == "host" && p.ready == 1 && p.filling == 0)
-        {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "the pool did not fill within 15 s: {pools:?}; log:\n{}",
-            d.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    d.wait_pool("host", |p| p.ready == 1 && p.filling == 0)
+        .await;
     // SAFETY: kill(2) on the daemon's pid, a child of this test we have not reaped.
     unsafe { libc::kill(d.pid as i32, libc::SIGTERM) };
     tokio::time::sleep(Duration::from_millis(300)).await;

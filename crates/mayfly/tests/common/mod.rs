@@ -181,6 +181,28 @@ impl Daemon {
         self.stop();
     }
 
+    /// Waits (up to 15 s) until pool `name` is in the state `ok` asks for,
+    /// and returns it; fails with every pool and the daemon's log if not.
+    pub async fn wait_pool(
+        &self,
+        name: &str,
+        ok: impl Fn(&mayfly_types::PoolInfo) -> bool,
+    ) -> mayfly_types::PoolInfo {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let pools = self.client.pools().await.expect("listing pools");
+            if let Some(p) = pools.iter().find(|p| p.name == name && ok(p)) {
+                return p.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pool `{name}` did not reach the state waited for within 15 s: {pools:?}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// What the daemon has written to stdout and stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
