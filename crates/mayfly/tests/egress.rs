@@ -315,3 +315,44 @@ async fn a_pool_with_network_serves_creates_with_egress_and_applies_their_policy
         .await;
     assert_eq!(ifaces.trim(), "lo");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_table_of_a_daemon_gone_for_good_is_removed_by_the_next_daemon_to_start() {
+    let out = Outside::start();
+    // A table of a tag no daemon has a lease file for: an owner nobody can
+    // judge (say, an older daemon), to be left alone.
+    let unknown = "mayfly-fe0d";
+    let _ = std::fs::remove_file("/run/mayfly/net-slots/table-fe0d");
+    let doc =
+        format!(r#"{{"nftables":[{{"add":{{"table":{{"family":"inet","name":"{unknown}"}}}}}}]}}"#);
+    mayfly_sys::nft::apply_json(&doc).expect("adding a table");
+
+    let mut gone = daemon_for(&out, &[]).await;
+    let live = daemon_for(&out, &[]).await;
+    let (t, lt) = (tag(&gone), tag(&live));
+    assert!(table_exists(&t) && table_exists(&lt));
+    gone.kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !links_of(&t).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(links_of(&t), Vec::<String>::new(), "links after kill -9");
+    assert!(
+        table_exists(&t),
+        "nothing removes the table before a daemon starts"
+    );
+
+    // Its state directory is never served again; the next daemon to start
+    // on the host removes the table, and nothing of the live daemon's.
+    let next = daemon_for(&out, &[]).await;
+    let left_unknown = table_exists("fe0d");
+    mayfly_sys::nft::delete_inet_table(unknown).expect("removing the test's table");
+    assert!(!table_exists(&t), "the dead daemon's table is still there");
+    assert!(table_exists(&lt), "the live daemon's table was removed");
+    assert!(table_exists(&tag(&next)));
+    assert!(
+        !links_of(&lt).is_empty(),
+        "the live daemon's links were removed"
+    );
+    assert!(left_unknown, "a table with no lease file was removed");
+}

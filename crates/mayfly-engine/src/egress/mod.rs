@@ -65,6 +65,8 @@ pub enum EgressError {
 #[derive(Clone)]
 pub struct Egress {
     shared: Arc<state::Shared>,
+    /// Says to other daemons that this one lives and guards its table.
+    _table_lease: Arc<std::fs::File>,
 }
 
 impl Egress {
@@ -78,9 +80,13 @@ impl Egress {
             source,
         })?;
         let names = cfg.names.clone();
-        tokio::task::spawn_blocking(move || reconcile(&names, &lease_dir))
-            .await
-            .map_err(|e| EgressError::Unavailable(e.to_string()))??;
+        let table_lease = tokio::task::spawn_blocking(move || {
+            let lease = lease_table(&names, &lease_dir)?;
+            reconcile(&names, &lease_dir)?;
+            Ok::<_, EgressError>(lease)
+        })
+        .await
+        .map_err(|e| EgressError::Unavailable(e.to_string()))??;
         let (proxy_listener, dns_socket, ports) = bind().await?;
         let doc = serde_json::to_string(&plan::ruleset(&cfg.names, ports))
             .map_err(|e| EgressError::Unavailable(e.to_string()))?;
@@ -89,7 +95,10 @@ impl Egress {
         tokio::spawn(proxy::serve(shared.clone(), proxy_listener));
         tokio::spawn(resolver::serve(shared.clone(), dns_socket));
         netpool::start(shared.clone());
-        Ok(Egress { shared })
+        Ok(Egress {
+            shared,
+            _table_lease: Arc::new(table_lease),
+        })
     }
 
     /// Takes a prepared namespace for a new sandbox (made now if none is
@@ -134,8 +143,65 @@ fn reconcile(names: &plan::Names, lease_dir: &std::path::Path) -> Result<(), Egr
             mayfly_sys::veth::delete_link(&link)?;
         }
     }
-    // Tables of other dead daemons: their links are gone above; a table
-    // without links matches nothing, so it is left to its own daemon.
+    sweep_foreign_tables(names, lease_dir)
+}
+
+/// Takes this daemon's table lease (`<lease dir>/table-<tag>`, `flock`ed
+/// for the daemon's life). Another daemon's sweep holds it for a moment
+/// while it looks, so a busy lease is retried for two seconds before the
+/// answer is that a daemon of this tag is running.
+fn lease_table(
+    names: &plan::Names,
+    lease_dir: &std::path::Path,
+) -> Result<std::fs::File, EgressError> {
+    let path = lease_dir.join(names.table_lease());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        if let Some(f) = lock(&path)? {
+            return Ok(f);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(EgressError::Unavailable(format!(
+                "{} is held by another daemon: one with this state directory (or one whose \
+                 state directory has the same tag, {}) is running",
+                path.display(),
+                names.tag
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn lock(path: &std::path::Path) -> Result<Option<std::fs::File>, EgressError> {
+    mayfly_sys::process::try_lock_file(path).map_err(|e| EgressError::Io {
+        op: "locking a table lease",
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// Removes the tables of daemons that are gone for good (killed, and their
+/// state directory deleted or never served again), which nobody else would
+/// ever remove: a table whose lease file exists, nobody holds, and none of
+/// whose links is left. A table without a lease file has an owner this
+/// daemon cannot judge, and is left alone.
+fn sweep_foreign_tables(
+    names: &plan::Names,
+    lease_dir: &std::path::Path,
+) -> Result<(), EgressError> {
+    let tables = mayfly_sys::nft::inet_tables("mayfly-")?;
+    let links = mayfly_sys::veth::list_links("mf-")?;
+    for other in plan::foreign_tables(names, &tables, &links) {
+        let path = lease_dir.join(other.table_lease());
+        if !path.exists() {
+            continue;
+        }
+        // Held while the table goes, so its daemon cannot start meanwhile.
+        let Some(_gone) = lock(&path)? else {
+            continue;
+        };
+        tracing::info!(table = %other.table(), "removing the table of a daemon that is gone");
+        mayfly_sys::nft::delete_inet_table(&other.table())?;
+    }
     Ok(())
 }
 

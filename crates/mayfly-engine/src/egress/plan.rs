@@ -67,6 +67,31 @@ impl Names {
     pub fn slot_of(&self, link: &str) -> Option<u32> {
         link.strip_prefix(&self.link_prefix())?.parse().ok()
     }
+
+    /// The name of the host-wide lease a live daemon of this tag holds
+    /// for its table, in the network lease directory.
+    pub fn table_lease(&self) -> String {
+        format!("table-{}", self.tag)
+    }
+}
+
+/// The tables of other daemons that may have died: every `mayfly-<tag>`
+/// table in `tables` but this daemon's own and those of a tag that still
+/// has a link in `links` (a link whose slot is leased belongs to a live
+/// sandbox, and its table must keep guarding it). Whether a candidate's
+/// daemon is really gone is its table lease's to say.
+pub fn foreign_tables(ours: &Names, tables: &[String], links: &[String]) -> Vec<Names> {
+    tables
+        .iter()
+        .filter_map(|t| t.strip_prefix("mayfly-"))
+        .filter(|tag| {
+            *tag != ours.tag && tag.len() == 4 && tag.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+        .map(|tag| Names {
+            tag: tag.to_owned(),
+        })
+        .filter(|n| !links.iter().any(|l| l.starts_with(&n.link_prefix())))
+        .collect()
 }
 
 /// Both ends of slot `slot`'s /30: the host side is `.1`, the sandbox `.2`.

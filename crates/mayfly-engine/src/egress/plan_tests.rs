@@ -96,3 +96,25 @@ fn teardown_removes_only_this_daemons_table() {
         json!({"nftables": [{"add": table}, {"delete": table}]})
     );
 }
+
+#[test]
+fn only_other_daemons_tables_without_live_links_are_candidates_for_removal() {
+    let ours = names();
+    let tables: Vec<String> = [
+        "mayfly-ab12", // ours: reconciled as our own
+        "mayfly-c047", // no link left: a candidate
+        "mayfly-61f6", // a live sandbox's link: kept
+        "mayfly-prod", // not a tag of ours: someone else's table
+        "mayfly-c0470",
+        "other",
+    ]
+    .map(String::from)
+    .to_vec();
+    let links = ["mf-61f6-12", "mf-ab12-3", "mf-c04-1"].map(String::from);
+    let found: Vec<String> = foreign_tables(&ours, &tables, &links)
+        .iter()
+        .map(|n| n.table())
+        .collect();
+    assert_eq!(found, vec!["mayfly-c047".to_owned()]);
+    assert_eq!(ours.table_lease(), "table-ab12");
+}
