@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs and prepares the peers that `mayfly-bench` measures Mayfly against:
-# bubblewrap, runc (with an OCI bundle) and podman (with an imported image).
+# bubblewrap, runc (with an OCI bundle) and podman (with an imported image), and
+# the gateway measure's load tool, server and peer proxies (wrk, nginx, HAProxy).
 #
 #   bash bench/peers-setup.sh [PEERS_DIR]        # default /var/lib/mayfly-bench
 #
@@ -17,7 +18,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in bwrap:bubblewrap runc:runc podman:podman jq:jq unshare:util-linux; do
+for cmd in bwrap:bubblewrap runc:runc podman:podman jq:jq unshare:util-linux wrk:wrk \
+    /usr/sbin/nginx:nginx-light /usr/sbin/haproxy:haproxy; do
     command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd#*:}")
 done
 # busybox-static, not the dynamic busybox: the rootfs below has no libc.

@@ -9,7 +9,6 @@
 //! daemon's gateway with `Host: 8080-<id>.localhost` (the port is public, so
 //! no token). The two alternate, round by round, so host noise hits both.
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -19,6 +18,7 @@ use mayfly_types::{CreateRequest, SandboxId, StartProcessRequest};
 
 use crate::api::call;
 use crate::daemon::{Daemon, Scratch};
+use crate::gateway_peers::{self, Peer};
 use crate::stats::median;
 
 const NGINX: &str = "/usr/sbin/nginx";
@@ -65,12 +65,15 @@ struct Wrk {
 /// What the measure found: per round, direct and through the gateway.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    throughput: Vec<(f64, f64)>,
-    latency_us: Vec<(f64, f64)>,
+    pub(crate) throughput: Vec<(f64, f64)>,
+    pub(crate) latency_us: Vec<(f64, f64)>,
     /// CPU time per request through the gateway, µs: (daemon, nginx, wrk).
-    cpu_us: Vec<(f64, f64, f64)>,
+    pub(crate) cpu_us: Vec<(f64, f64, f64)>,
     /// CPU time per request direct, µs: (nginx, wrk).
-    direct_cpu_us: Vec<(f64, f64)>,
+    pub(crate) direct_cpu_us: Vec<(f64, f64)>,
+    /// Per round, per peer (in [`Peer::ALL`]'s order): requests per second
+    /// and the proxy's CPU time per request, µs.
+    pub(crate) peers: Vec<Vec<(f64, f64)>>,
 }
 
 /// CPU time (user + system) a process has used, µs.
@@ -84,14 +87,20 @@ fn cpu_us(pid: u32) -> u64 {
     (field(11) + field(12)) * 10_000
 }
 
-/// The host pid of the nginx serving from the sandbox.
-fn nginx_pid() -> Option<u32> {
+/// The host pid of the process whose command line names `conf` (its
+/// configuration file in the sandbox).
+pub fn pid_of(conf: &str) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let cmd = String::from_utf8_lossy(&cmd);
-        (cmd.starts_with(NGINX) && cmd.contains("/workspace/nginx.conf")).then_some(pid)
+        cmd.split('\0').any(|a| a == conf).then_some(pid)
     })
+}
+
+/// The host pid of the nginx serving from the sandbox.
+fn nginx_pid() -> Option<u32> {
+    pid_of("/workspace/nginx.conf")
 }
 
 impl Outcome {
@@ -112,6 +121,33 @@ impl Outcome {
             median(self.cpu_us.iter().map(|c| c.0).collect()),
             median(self.cpu_us.iter().map(|c| c.1).collect()),
             median(self.cpu_us.iter().map(|c| c.2).collect()),
+        )
+    }
+
+    /// Per peer: the median over rounds of its requests per second over
+    /// direct's, and of its CPU per request, µs.
+    pub fn peers(&self) -> Vec<(Peer, f64, f64)> {
+        Peer::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let ratios = self.throughput.iter().zip(&self.peers);
+                let ratio = median(ratios.map(|((d, _), r)| r[i].0 / d).collect());
+                let cpu = median(self.peers.iter().map(|r| r[i].1).collect());
+                (*p, ratio, cpu)
+            })
+            .collect()
+    }
+
+    /// Median over rounds of the gateway's requests per second over the
+    /// fastest peer's.
+    pub fn gateway_over_best_peer(&self) -> f64 {
+        median(
+            self.throughput
+                .iter()
+                .zip(&self.peers)
+                .map(|((_, g), r)| g / r.iter().map(|p| p.0).fold(0.0, f64::max))
+                .collect(),
         )
     }
 
@@ -191,8 +227,16 @@ fn wrk(prefix: &[&str], args: &[String]) -> anyhow::Result<Wrk> {
 /// Starts nginx in a fresh sandbox and waits until it serves.
 async fn nginx_sandbox(d: &Daemon) -> anyhow::Result<(SandboxId, u32)> {
     let c = &d.client;
+    // Every CPU of the host: the peer proxies run in this sandbox beside
+    // the server, and one CPU's quota (the default) would cap the two
+    // together where the gateway, outside, is not.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let req = CreateRequest {
         ttl_secs: Some(3600),
+        limits: mayfly_types::Limits {
+            cpu_millis: Some(cpus * 1000),
+            ..mayfly_types::Limits::default()
+        },
         ..CreateRequest::default()
     };
     let sb = call("creating the server's sandbox", c.create(&req)).await?;
@@ -240,6 +284,7 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
         Path::new(NGINX).exists(),
         "{NGINX} is missing (apt install nginx-light)"
     );
+    gateway_peers::check_installed()?;
     let scratch = Scratch::new("gateway")?;
     let gw_port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -247,6 +292,11 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
     let gw = format!("127.0.0.1:{gw_port}");
     let mut d = Daemon::start_with(mayfly, &scratch.path, 64, None, &["--gateway", &gw]).await?;
     let (id, init) = nginx_sandbox(&d).await?;
+    gateway_peers::start(&d.client, &id, NGINX_CONF, PORT).await?;
+    let peer_urls: Vec<String> = Peer::ALL
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{}/", p.port()))
+        .collect();
     let ns = format!("--net=/proc/{init}/ns/net");
     let direct_prefix = ["nsenter", ns.as_str(), "wrk"];
     let direct_url = format!("http://127.0.0.1:{PORT}/");
@@ -268,49 +318,62 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
     // Warm both paths (pooled upstream connections, page cache, nginx).
     wrk(&direct_prefix, &load(&direct_url, s.connections, 1, None))?;
     wrk(&["wrk"], &load(&gw_url, s.connections, 1, Some(&host)))?;
+    for url in &peer_urls {
+        wrk(&direct_prefix, &load(url, s.connections, 1, None))?;
+    }
     let mut out = Outcome::default();
     for round in 0..s.rounds {
         eprintln!("mayfly-bench: gateway round {} of {}", round + 1, s.rounds);
         let nginx = nginx_pid().unwrap_or(0);
-        let mut direct_cpu = (0.0, 0.0);
-        let mut direct = || {
-            let before = cpu_us(nginx);
-            let w = wrk(
-                &direct_prefix,
-                &load(&direct_url, s.connections, s.seconds, None),
-            )?;
+        let daemon = d.pid();
+        // Each path takes its turn first, round by round, so host noise
+        // hits them alike.
+        let mut took = [None; 2 + Peer::ALL.len()];
+        for k in 0..took.len() {
+            let path = (round + k) % took.len();
+            let (prefix, url, host, proxy): (&[&str], &str, Option<&str>, u32) = match path {
+                0 => (&direct_prefix, &direct_url, None, 0),
+                1 => (&["wrk"], &gw_url, Some(&host), daemon),
+                p => {
+                    let peer = Peer::ALL[p - 2];
+                    (
+                        &direct_prefix,
+                        &peer_urls[p - 2],
+                        None,
+                        peer.pid().unwrap_or(0),
+                    )
+                }
+            };
+            let before = (cpu_us(proxy), cpu_us(nginx));
+            let w = wrk(prefix, &load(url, s.connections, s.seconds, host))?;
             let n = (w.rps * s.seconds as f64).max(1.0);
-            direct_cpu = (
-                cpu_us(nginx).saturating_sub(before) as f64 / n,
-                w.cpu_us / n,
-            );
-            anyhow::Ok(w)
+            let per = |after: u64, before: u64| after.saturating_sub(before) as f64 / n;
+            took[path] = Some((
+                w,
+                per(cpu_us(proxy), before.0),
+                per(cpu_us(nginx), before.1),
+            ));
+        }
+        let [Some(direct), Some(via), ..] = took else {
+            bail!("a path of the round was not measured");
         };
-        let mut cpu = (0.0, 0.0, 0.0);
-        let mut via = || {
-            let before = (cpu_us(d.pid()), cpu_us(nginx));
-            let w = wrk(
-                &["wrk"],
-                &load(&gw_url, s.connections, s.seconds, Some(&host)),
-            )?;
-            let n = (w.rps * s.seconds as f64).max(1.0);
-            cpu = (
-                cpu_us(d.pid()).saturating_sub(before.0) as f64 / n,
-                cpu_us(nginx).saturating_sub(before.1) as f64 / n,
-                w.cpu_us / n,
-            );
-            anyhow::Ok(w)
-        };
-        let (d1, g1) = if round % 2 == 0 {
-            let d1 = direct()?;
-            (d1, via()?)
-        } else {
-            let g1 = via()?;
-            (direct()?, g1)
-        };
-        out.throughput.push((d1.rps, g1.rps));
-        out.cpu_us.push(cpu);
-        out.direct_cpu_us.push(direct_cpu);
+        out.throughput.push((direct.0.rps, via.0.rps));
+        out.direct_cpu_us.push((
+            direct.2,
+            direct.0.cpu_us / (direct.0.rps * s.seconds as f64).max(1.0),
+        ));
+        out.cpu_us.push((
+            via.1,
+            via.2,
+            via.0.cpu_us / (via.0.rps * s.seconds as f64).max(1.0),
+        ));
+        out.peers.push(
+            took[2..]
+                .iter()
+                .flatten()
+                .map(|(w, proxy, _)| (w.rps, *proxy))
+                .collect(),
+        );
         let secs = s.seconds.clamp(1, 5);
         let d1 = wrk(&direct_prefix, &load(&direct_url, 1, secs, None))?;
         let g1 = wrk(&["wrk"], &load(&gw_url, 1, secs, Some(&host)))?;
@@ -321,91 +384,6 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
     let alive = Path::new(&format!("/proc/{init}")).exists();
     ensure!(!alive, "the sandbox's init {init} outlived the daemon");
     Ok(out)
-}
-
-/// Begins and ends the generated section in docs/BENCHMARKS.md.
-const START: &str = "<!-- mayfly-bench gateway: start -->";
-const END: &str = "<!-- mayfly-bench gateway: end -->";
-
-/// The section for docs/BENCHMARKS.md.
-pub fn markdown(
-    o: &Outcome,
-    s: &Setup,
-    machine: &std::collections::BTreeMap<&str, String>,
-    command: &str,
-) -> String {
-    let m = |k: &str| machine.get(k).cloned().unwrap_or_default();
-    let mut t = format!("{START}\n## Gateway (issue 4)\n\n");
-    t.push_str(
-        "Generated by `mayfly-bench gateway`. The server is nginx (`return 200`, one worker, access log off) in a\n\
-         sandbox. *Direct*: `wrk` enters the sandbox's network namespace (`nsenter --net=/proc/<init>/ns/net`) and\n\
-         connects to `127.0.0.1:8080` there, the same server over the same loopback. *Gateway*: `wrk` on the host\n\
-         connects to the daemon's gateway with `Host: 8080-<id>.localhost` (a public port). Throughput rounds\n\
-         alternate which goes first; latency is `wrk -c1` (one connection, sequential requests), its p50 through the\n\
-         gateway minus its p50 direct. Figures are medians over the rounds.\n\n",
-    );
-    let _ = writeln!(t, "Measured on {}.\n", m("date"));
-    let _ = writeln!(t, "{}", crate::host::machine_line(machine));
-    let _ = writeln!(
-        t,
-        "- **Load:** `wrk -t1 -c{} -d{}s`, {} rounds.",
-        s.connections, s.seconds, s.rounds
-    );
-    let _ = writeln!(
-        t,
-        "- **Reproduce** (as root, from the repository root):\n\n  ```sh\n  apt-get install -y wrk nginx-light\n  cargo build --release -p mayfly -p mayfly-bench\n  {command}\n  ```\n"
-    );
-    let (ratio, added) = (o.ratio(), o.added_us());
-    let yes = |b: bool| if b { "yes" } else { "**no**" };
-    t.push_str("| measure | target | measured | met |\n| --- | --- | --- | --- |\n");
-    let _ = writeln!(
-        t,
-        "| gateway throughput | ≥ 0.7× direct | {ratio:.2}× | {} |",
-        yes(ratio >= 0.7)
-    );
-    let _ = writeln!(
-        t,
-        "| added gateway latency | p50 ≤ 200 µs | {added:.0} µs | {} |\n",
-        yes(added <= 200.0)
-    );
-    let (gw_cpu, ngx_cpu, wrk_cpu) = o.cpu_per_request();
-    let (d_ngx, d_wrk) = o.direct_cpu_per_request();
-    let bound = (d_ngx + d_wrk) / (gw_cpu + ngx_cpu + wrk_cpu);
-    let _ = writeln!(
-        t,
-        "CPU per request (user + system; the daemon and nginx from `/proc/<pid>/stat` around each \
-         throughput run, wrk from its shell's `times`), medians:\n\n\
-         | path | daemon | nginx | wrk | total |\n| --- | ---: | ---: | ---: | ---: |\n\
-         | direct | – | {d_ngx:.1} µs | {d_wrk:.1} µs | {:.1} µs |\n\
-         | gateway | {gw_cpu:.1} µs | {ngx_cpu:.1} µs | {wrk_cpu:.1} µs | {:.1} µs |\n",
-        d_ngx + d_wrk,
-        gw_cpu + ngx_cpu + wrk_cpu
-    );
-    let _ = writeln!(
-        t,
-        "wrk, nginx and the gateway share {} vCPUs (with whatever else runs on the host), so when \
-         they saturate them the ratio tends to direct CPU per request over gateway CPU per request: \
-         {bound:.2}× with these figures. A proxy does the socket work of two connections per request \
-         (two reads and two writes on loopback, each write running the receiver's TCP stack too), \
-         about twice nginx's, so the daemon's CPU per request cannot fall much below twice nginx's.\n",
-        m("nproc")
-    );
-    t.push_str("| round | direct req/s | gateway req/s | ratio | direct p50 (c1) | gateway p50 (c1) |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    for (i, ((d, g), (dl, gl))) in o.throughput.iter().zip(&o.latency_us).enumerate() {
-        let _ = writeln!(
-            t,
-            "| {} | {d:.0} | {g:.0} | {:.2}× | {dl:.0} µs | {gl:.0} µs |",
-            i + 1,
-            g / d
-        );
-    }
-    let _ = writeln!(t, "\n{END}");
-    t
-}
-
-/// Puts the section into `file`: replaces the previous one, or appends.
-pub fn write_section(file: &Path, section: &str) -> anyhow::Result<()> {
-    crate::section::write(file, START, END, section)
 }
 
 #[cfg(test)]
@@ -425,17 +403,5 @@ mod tests {
         let w = parse_wrk(out).unwrap();
         assert_eq!((w.rps, w.p50_us, w.cpu_us), (34331.72, 129.0, 3_750_000.0));
         assert_eq!(duration_us("1.50ms").unwrap(), 1500.0);
-    }
-
-    #[test]
-    fn the_section_replaces_its_previous_self() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("B.md");
-        std::fs::write(&f, "# B\n").unwrap();
-        write_section(&f, &format!("{START}\none\n{END}\n")).unwrap();
-        write_section(&f, &format!("{START}\ntwo\n{END}\n")).unwrap();
-        let text = std::fs::read_to_string(&f).unwrap();
-        assert!(text.contains("two") && !text.contains("one"), "{text}");
-        assert!(text.starts_with("# B\n"));
     }
 }

@@ -10,6 +10,8 @@ mod api;
 mod daemon;
 mod density;
 mod gateway;
+mod gateway_peers;
+mod gateway_report;
 mod host;
 mod net;
 mod peer_load;
@@ -254,10 +256,10 @@ async fn gateway_measure(o: &Opts, mayfly: &Path, command: &str) -> anyhow::Resu
     };
     let machine = host::machine();
     let outcome = gateway::measure(mayfly, &setup).await?;
-    let md = gateway::markdown(&outcome, &setup, &machine, command);
+    let md = gateway_report::markdown(&outcome, &setup, &machine, command);
     println!("{md}");
     if let Some(f) = &o.section {
-        gateway::write_section(f, &md)?;
+        gateway_report::write_section(f, &md)?;
     }
     Ok(true)
 }
