@@ -327,3 +327,112 @@ async fn a_killed_daemon_its_test_never_restarts_leaks_nothing() {
     let ids: Vec<String> = ids.into_iter().collect();
     assert_no_leaks(&state, &ids);
 }
+
+/// The cgroups of sandbox `id` in every hierarchy, made now (afresh) with
+/// no limits written, as another instance would have made them.
+fn foreign_cgroups(id: &str) -> Vec<std::path::PathBuf> {
+    let layout = mayfly_sys::cgroup::CgroupLayout::discover().expect("cgroup layout");
+    let id: SandboxId = id.parse().expect("id");
+    let plan =
+        mayfly_engine::plan::cgroup::plan(&layout, &id, &mayfly_types::ResolvedLimits::DEFAULT)
+            .expect("plan");
+    for d in &plan.sandbox_dirs {
+        let _ = std::fs::remove_dir(d);
+        std::fs::create_dir_all(d).expect("mkdir cgroup");
+    }
+    plan.sandbox_dirs
+}
+
+fn age(dirs: &[std::path::PathBuf]) {
+    for d in dirs {
+        let ok = std::process::Command::new("touch")
+            .args(["-d", "2 minutes ago"])
+            .arg(d)
+            .status()
+            .expect("touch");
+        assert!(ok.success());
+    }
+}
+
+/// Removes the test's cgroups and its process, also when it fails.
+struct Foreign {
+    dirs: Vec<std::path::PathBuf>,
+    sleeper: Option<std::process::Child>,
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        if let Some(s) = &mut self.sleeper {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for dir in &self.dirs {
+            for _ in 0..100 {
+                if !dir.exists() || std::fs::remove_dir(dir).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gone_instances_sandbox_cgroups_are_removed_and_nothing_in_use_is() {
+    // Four sandboxes of other Mayfly instances, whose stores this daemon
+    // never sees: only the orphan's instance is gone for good. Each is set
+    // up in the order an instance makes it (lease, cgroups, process), since
+    // other tests' daemons start meanwhile and sweep too.
+    let mut f = Foreign {
+        dirs: Vec::new(),
+        sleeper: None,
+    };
+    // A live instance's uid lease naming its sandbox, taken first.
+    let lease_path = std::path::Path::new("/run/mayfly/uid-slots/slot-16300");
+    std::fs::create_dir_all(lease_path.parent().unwrap()).unwrap();
+    let lease = mayfly_sys::process::try_lock_file(lease_path)
+        .expect("lock")
+        .expect("the test's lease slot is free");
+    std::fs::write(lease_path, "mf-kept33333333").unwrap();
+    let leased = foreign_cgroups("mf-kept33333333");
+    f.dirs.extend(leased.clone());
+    // A process of an instance too old to write leases.
+    let busy = foreign_cgroups("mf-busy44444444");
+    f.dirs.extend(busy.clone());
+    let sleeper = f.sleeper.insert(
+        std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .expect("sleep"),
+    );
+    for d in &busy {
+        std::fs::write(d.join("cgroup.procs"), sleeper.id().to_string()).expect("join");
+    }
+    let young = foreign_cgroups("mf-yung55555555");
+    f.dirs.extend(young.clone());
+    let orphan = foreign_cgroups("mf-qrphan222222");
+    f.dirs.extend(orphan.clone());
+    age(&leased);
+    age(&busy);
+    age(&orphan);
+
+    let d = Daemon::start().await;
+    assert!(d.client.health().await.expect("health"));
+    let exists = |dirs: &[std::path::PathBuf]| dirs.iter().all(|d| d.exists());
+    assert!(
+        orphan.iter().all(|d| !d.exists()),
+        "the orphan's cgroups are left; daemon log:\n{}",
+        d.log()
+    );
+    assert_eq!(
+        (exists(&leased), exists(&busy), exists(&young)),
+        (true, true, true),
+        "(leased, busy, young) kept"
+    );
+    let sleeper = f.sleeper.as_mut().expect("sleeper");
+    assert!(
+        sleeper.try_wait().expect("wait").is_none(),
+        "a process in a foreign cgroup was killed"
+    );
+    drop(lease);
+}

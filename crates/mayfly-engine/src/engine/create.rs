@@ -381,6 +381,7 @@ impl Engine {
         lease: &mut Option<std::fs::File>,
     ) -> Result<u32, EngineError> {
         let cfg = &self.inner.cfg;
+        let id = rec.id.to_string();
         self.inner
             .store
             .insert_sandbox_leasing(rec, cfg.slots(), &mut |slot| match planned {
@@ -390,7 +391,7 @@ impl Engine {
                 }
                 Some(_) => Ok(false),
                 None => {
-                    *lease = super::leases::try_lease(&cfg.slot_lease_dir, slot)?;
+                    *lease = super::leases::lease_for(&cfg.slot_lease_dir, slot, &id)?;
                     Ok(lease.is_some())
                 }
             })

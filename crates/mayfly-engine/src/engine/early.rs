@@ -92,7 +92,7 @@ fn plan_ahead(
     create::check_env(&req.env).ok()?;
     leases::prepare(&cfg.slot_lease_dir).ok()?;
     let (slot, lease) = (0..cfg.slots().min(PLAN_SLOT_TRIES)).find_map(|slot| {
-        let lease = leases::try_lease(&cfg.slot_lease_dir, slot).ok()??;
+        let lease = leases::lease_for(&cfg.slot_lease_dir, slot, id.as_str()).ok()??;
         Some((slot, lease))
     })?;
     let host = template::inspect_host(&cfg.host_root);

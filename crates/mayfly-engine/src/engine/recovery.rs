@@ -26,6 +26,9 @@ pub struct RecoveryReport {
     pub cgroups_removed: usize,
     /// Sandbox directories removed.
     pub dirs_removed: usize,
+    /// Cgroups of other instances' sandboxes whose instance is gone for
+    /// good, removed.
+    pub orphans_removed: usize,
     /// Sandboxes left alone because their owner is alive.
     pub foreign_live: usize,
     pub errors: Vec<String>,
@@ -168,14 +171,20 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     // Cgroups of this store's sandboxes that nobody alive claims. The cgroup
     // tree is shared by every Mayfly instance on the host (another daemon or
     // a daemonless run with its own state directory), so a cgroup with no
-    // record here belongs to someone else and is left alone.
+    // record here belongs to someone else: it is removed only when it is an
+    // orphan (see `remove_orphans`).
+    let mut foreign = Vec::new();
     for d in cgroups {
         let name = d.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let ours = name
             .parse::<mayfly_types::SandboxId>()
             .ok()
             .is_some_and(|id| matches!(inner.store.get_sandbox(&id), Ok(Some(_))));
-        if keep.contains(name) || !ours || !d.exists() {
+        if keep.contains(name) || !d.exists() {
+            continue;
+        }
+        if !ours {
+            foreign.push(d);
             continue;
         }
         match mayfly_sys::cgroup::remove_dir(&d) {
@@ -183,6 +192,7 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
             Err(e) => report.errors.push(format!("{}: {e}", d.display())),
         }
     }
+    remove_orphans(inner, foreign, &mut report);
     // Directories nobody alive claims, and what a crash left in the trash.
     for (name, path) in dirs {
         if !keep.contains(&name) && remove_tree(&path, &mut report) {
@@ -198,4 +208,38 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
         tracing::info!(?report, "reconciled state left by a previous owner");
     }
     report
+}
+
+/// A cgroup younger than this may be one another instance is making (empty
+/// until its first process joins), so it is never taken for an orphan.
+const ORPHAN_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Removes the cgroups of other instances' sandboxes whose instance is gone
+/// for good (killed, and its state directory deleted or never served
+/// again), which no one else would ever remove: a cgroup that no held uid
+/// lease names (every live sandbox's lease names it, from before its
+/// cgroups exist until after they are gone), with no task in it or under
+/// it, made at least [`ORPHAN_MIN_AGE`] ago. Nothing in it is killed.
+fn remove_orphans(inner: &Inner, foreign: Vec<PathBuf>, report: &mut RecoveryReport) {
+    if foreign.is_empty() {
+        return;
+    }
+    let held = match super::leases::held_ids(&inner.cfg.slot_lease_dir) {
+        Ok(h) => h,
+        Err(e) => {
+            report.errors.push(format!("reading the uid leases: {e}"));
+            return;
+        }
+    };
+    for d in foreign {
+        let name = d.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if held.contains(name) || name.parse::<mayfly_types::SandboxId>().is_err() {
+            continue;
+        }
+        match mayfly_sys::cgroup::remove_orphan(&d, ORPHAN_MIN_AGE) {
+            Ok(true) => report.orphans_removed += 1,
+            Ok(false) => {}
+            Err(e) => report.errors.push(format!("{}: {e}", d.display())),
+        }
+    }
 }

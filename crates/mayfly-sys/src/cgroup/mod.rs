@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use apply::{add_process, apply, read_oom_kills, read_usage, set_cpu_weight};
-pub use remove::{list_leftovers, remove, remove_dir, remove_empty_parents};
+pub use remove::{list_leftovers, remove, remove_dir, remove_empty_parents, remove_orphan};
 
 /// The directory under each hierarchy's root that holds every Mayfly cgroup.
 pub const PARENT_DIR: &str = "mayfly";

@@ -53,6 +53,46 @@ pub fn remove_dir(dir: &Path) -> Result<(), CgroupError> {
     remove_tree(dir)
 }
 
+/// Removes a sandbox cgroup found by [`list_leftovers`] that nobody uses:
+/// only when neither it nor any cgroup under it has a task, and it was made
+/// at least `min_age` ago (a cgroup being made is empty until its first
+/// process joins). Nothing is killed. Returns whether it was removed; a
+/// cgroup in use, too young, or made busy meanwhile (`EBUSY`) is left.
+pub fn remove_orphan(dir: &Path, min_age: Duration) -> Result<bool, CgroupError> {
+    let age = std::fs::metadata(dir)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok());
+    if age.is_none_or(|a| a < min_age) || has_tasks(dir)? {
+        return Ok(false);
+    }
+    match remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(CgroupError::Rmdir { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `dir` or any cgroup under it has a task.
+fn has_tasks(dir: &Path) -> Result<bool, CgroupError> {
+    match read_string(&dir.join("cgroup.procs")) {
+        Ok(p) if !p.trim().is_empty() => return Ok(true),
+        Ok(_) => {}
+        Err(CgroupError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    }
+    for child in subdirs(dir)? {
+        if has_tasks(&child)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Removes the shared `mayfly` parent directories that are empty, so an
 /// idle host keeps no trace of Mayfly in its cgroup trees. A parent still
 /// holding sandboxes (`EBUSY`/`ENOTEMPTY`) is left alone.
