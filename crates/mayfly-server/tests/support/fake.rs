@@ -27,6 +27,15 @@
 #[path = "fake_tenancy.rs"]
 mod tenancy;
 
+#[path = "fake_exec.rs"]
+mod exec;
+#[path = "fake_files.rs"]
+mod files;
+#[path = "fake_processes.rs"]
+mod processes;
+#[path = "fake_records.rs"]
+mod records;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,9 +44,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mayfly_engine::{Caller, EngineError, ExecStream, SandboxApi, UploadSummary};
 use mayfly_types::{
-    Bytes64, CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, ExitStatus,
-    FileKind, FileStat, MkdirRequest, ProcessInfo, ProcessOutput, ProcessState, RenameRequest,
-    ResolvedLimits, SandboxId, SandboxInfo, SandboxState, StartProcessRequest, TemplateRef,
+    CreateRequest, Event, ExecAudit, ExecEvent, ExecRequest, ExecResult, FileStat, MkdirRequest,
+    ProcessInfo, ProcessOutput, RenameRequest, ResolvedLimits, SandboxId, SandboxInfo,
+    SandboxState, StartProcessRequest, TemplateRef,
 };
 use tokio::sync::{mpsc, Notify};
 
@@ -175,99 +184,6 @@ impl FakeEngine {
         }
         Ok(())
     }
-
-    /// Runs the fake script language; `Err` when the command cannot start.
-    fn run(id: &SandboxId, req: &ExecRequest) -> Result<ExecResult, EngineError> {
-        let (mut stdout, mut stderr, mut code) = (Vec::new(), Vec::new(), 0);
-        let args = &req.argv[1.min(req.argv.len())..];
-        match req.argv.first().map(String::as_str) {
-            Some("echo") => stdout = format!("{}\n", args.join(" ")).into_bytes(),
-            Some("cat") => stdout = req.stdin.clone().unwrap_or_default().0,
-            Some("warn") => stderr = args.join(" ").into_bytes(),
-            Some("exit") => code = args.first().and_then(|a| a.parse().ok()).unwrap_or(1),
-            Some("gated") => {
-                stdout = b"first".to_vec();
-                stderr = b"second".to_vec();
-            }
-            Some("vanish") => stdout = b"partial".to_vec(),
-            Some(other) => {
-                return Err(EngineError::ExecFailed {
-                    id: id.clone(),
-                    argv0: other.to_owned(),
-                    reason: "no such file or directory".into(),
-                })
-            }
-            None => return Err(EngineError::Invalid("argv must not be empty".into())),
-        }
-        Ok(ExecResult {
-            status: ExitStatus {
-                exit_code: Some(code),
-                signal: None,
-                timed_out: false,
-            },
-            stdout_bytes: stdout.len() as u64,
-            stderr_bytes: stderr.len() as u64,
-            stdout: Bytes64(stdout),
-            stderr: Bytes64(stderr),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            duration_us: 42,
-            hook_error: None,
-        })
-    }
-
-    fn record(&self, id: &SandboxId, req: &ExecRequest, r: &ExecResult, caller: &Caller) {
-        let mut st = self.lock();
-        st.callers.push(caller.name.clone());
-        st.audit.push(ExecAudit {
-            sandbox_id: id.to_string(),
-            at: 1_700_000_000_000,
-            argv: req.argv.clone(),
-            exit_code: r.status.exit_code,
-            signal: r.status.signal,
-            timed_out: r.status.timed_out,
-            error: None,
-            duration_us: r.duration_us,
-            stdout_bytes: r.stdout_bytes,
-            stderr_bytes: r.stderr_bytes,
-            caller: caller.name.clone(),
-            kind: None,
-            output: None,
-        });
-    }
-
-    fn process(&self, id: &SandboxId, handle: u64) -> Result<ProcessInfo, EngineError> {
-        self.lock()
-            .processes
-            .get(id)
-            .and_then(|ps| ps.iter().find(|p| p.handle == handle))
-            .cloned()
-            .ok_or_else(|| EngineError::NoSuchProcess {
-                id: id.clone(),
-                handle,
-            })
-    }
-
-    fn set_process(&self, id: &SandboxId, info: &ProcessInfo) {
-        if let Some(ps) = self.lock().processes.get_mut(id) {
-            for p in ps.iter_mut().filter(|p| p.handle == info.handle) {
-                *p = info.clone();
-            }
-        }
-    }
-
-    fn file_stat(name: &str, kind: FileKind, size: u64, mode: u32) -> FileStat {
-        FileStat {
-            name: name.to_owned(),
-            kind,
-            size,
-            mode,
-            uid: 0,
-            gid: 0,
-            mtime_ms: 1_700_000_000_000,
-            link_target: None,
-        }
-    }
 }
 
 #[async_trait]
@@ -394,25 +310,11 @@ impl SandboxApi for FakeEngine {
         req: StartProcessRequest,
         caller: &Caller,
     ) -> Result<ProcessInfo, EngineError> {
-        self.ready(id)?;
-        let mut st = self.lock();
-        st.callers.push(caller.name.clone());
-        let ps = st.processes.entry(id.clone()).or_default();
-        let info = ProcessInfo {
-            handle: ps.len() as u64 + 1,
-            pid: 10 + ps.len() as u32,
-            argv: req.argv,
-            state: ProcessState::Running,
-            status: None,
-            started_at: 1_700_000_000_000,
-        };
-        ps.push(info.clone());
-        Ok(info)
+        self.start_process_now(id, req, caller)
     }
 
     async fn list_processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, EngineError> {
-        self.get(id).await?;
-        Ok(self.lock().processes.get(id).cloned().unwrap_or_default())
+        self.list_processes_now(id).await
     }
 
     async fn wait_process(
@@ -421,18 +323,7 @@ impl SandboxApi for FakeEngine {
         handle: u64,
         timeout_ms: Option<u64>,
     ) -> Result<ProcessInfo, EngineError> {
-        let mut p = self.process(id, handle)?;
-        // A timeout of 0 returns the current state; otherwise it "exits".
-        if timeout_ms != Some(0) && p.state == ProcessState::Running {
-            p.state = ProcessState::Exited;
-            p.status = Some(ExitStatus {
-                exit_code: Some(0),
-                signal: None,
-                timed_out: false,
-            });
-            self.set_process(id, &p);
-        }
-        Ok(p)
+        self.wait_process_now(id, handle, timeout_ms)
     }
 
     async fn process_output(
@@ -440,15 +331,7 @@ impl SandboxApi for FakeEngine {
         id: &SandboxId,
         handle: u64,
     ) -> Result<ProcessOutput, EngineError> {
-        let p = self.process(id, handle)?;
-        Ok(ProcessOutput {
-            stdout: Bytes64(p.argv.join(" ").into_bytes()),
-            stderr: Bytes64::default(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            state: p.state,
-            status: p.status,
-        })
+        self.process_output_now(id, handle)
     }
 
     async fn signal_process(
@@ -457,25 +340,11 @@ impl SandboxApi for FakeEngine {
         handle: u64,
         signal: i32,
     ) -> Result<ProcessInfo, EngineError> {
-        let mut p = self.process(id, handle)?;
-        p.state = ProcessState::Exited;
-        p.status = Some(ExitStatus {
-            exit_code: None,
-            signal: Some(signal),
-            timed_out: false,
-        });
-        self.set_process(id, &p);
-        Ok(p)
+        self.signal_process_now(id, handle, signal)
     }
 
     async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
-        self.ready(id)?;
-        Self::check_path(path)?;
-        self.lock()
-            .files
-            .get(&(id.clone(), path.to_owned()))
-            .map(|d| Bytes::from(d.clone()))
-            .ok_or_else(|| EngineError::Invalid(format!("no such file: {path}")))
+        self.read_file_now(id, path)
     }
 
     async fn write_file(
@@ -485,99 +354,27 @@ impl SandboxApi for FakeEngine {
         data: Bytes,
         mode: Option<u32>,
     ) -> Result<FileStat, EngineError> {
-        self.ready(id)?;
-        Self::check_path(path)?;
-        let size = data.len() as u64;
-        self.lock()
-            .files
-            .insert((id.clone(), path.to_owned()), data.to_vec());
-        Ok(Self::file_stat(
-            path,
-            FileKind::File,
-            size,
-            mode.unwrap_or(0o644),
-        ))
+        self.write_file_now(id, path, data, mode)
     }
 
     async fn stat(&self, id: &SandboxId, path: &str) -> Result<FileStat, EngineError> {
-        self.ready(id)?;
-        Self::check_path(path)?;
-        let st = self.lock();
-        let key = (id.clone(), path.to_owned());
-        if let Some(d) = st.files.get(&key) {
-            return Ok(Self::file_stat(path, FileKind::File, d.len() as u64, 0o644));
-        }
-        if let Some(mode) = st.dirs.get(&key) {
-            return Ok(Self::file_stat(path, FileKind::Dir, 0, *mode));
-        }
-        Err(EngineError::Invalid(format!("no such file: {path}")))
+        self.stat_now(id, path)
     }
 
     async fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<FileStat>, EngineError> {
-        self.ready(id)?;
-        Self::check_path(path)?;
-        let prefix = format!("{}/", path.trim_end_matches('/'));
-        let st = self.lock();
-        let mut out: Vec<FileStat> = st
-            .files
-            .iter()
-            .filter(|((sid, p), _)| sid == id && p.starts_with(&prefix))
-            .map(|((_, p), d)| {
-                Self::file_stat(&p[prefix.len()..], FileKind::File, d.len() as u64, 0o644)
-            })
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        self.list_dir_now(id, path)
     }
 
     async fn mkdir(&self, id: &SandboxId, req: MkdirRequest) -> Result<FileStat, EngineError> {
-        self.ready(id)?;
-        Self::check_path(&req.path)?;
-        let mode = req.mode.unwrap_or(0o755);
-        self.lock()
-            .dirs
-            .insert((id.clone(), req.path.clone()), mode);
-        Ok(Self::file_stat(&req.path, FileKind::Dir, 0, mode))
+        self.mkdir_now(id, req)
     }
 
     async fn remove(&self, id: &SandboxId, path: &str, recursive: bool) -> Result<(), EngineError> {
-        self.ready(id)?;
-        Self::check_path(path)?;
-        let mut st = self.lock();
-        let key = (id.clone(), path.to_owned());
-        if st.files.remove(&key).is_some() {
-            return Ok(());
-        }
-        if st.dirs.contains_key(&key) {
-            let prefix = format!("{path}/");
-            let children = st
-                .files
-                .keys()
-                .any(|(s, p)| s == id && p.starts_with(&prefix));
-            if children && !recursive {
-                return Err(EngineError::Invalid(format!(
-                    "directory {path} is not empty"
-                )));
-            }
-            st.files
-                .retain(|(s, p), _| !(s == id && p.starts_with(&prefix)));
-            st.dirs.remove(&key);
-            return Ok(());
-        }
-        Err(EngineError::Invalid(format!("no such file: {path}")))
+        self.remove_now(id, path, recursive)
     }
 
     async fn rename(&self, id: &SandboxId, req: RenameRequest) -> Result<(), EngineError> {
-        self.ready(id)?;
-        Self::check_path(&req.from)?;
-        Self::check_path(&req.to)?;
-        let mut st = self.lock();
-        let data = st
-            .files
-            .remove(&(id.clone(), req.from.clone()))
-            .ok_or_else(|| EngineError::Invalid(format!("no such file: {}", req.from)))?;
-        st.files.insert((id.clone(), req.to), data);
-        Ok(())
+        self.rename_now(id, req)
     }
 
     async fn upload_tar(
@@ -586,50 +383,19 @@ impl SandboxApi for FakeEngine {
         dir: &str,
         tar: Bytes,
     ) -> Result<UploadSummary, EngineError> {
-        self.ready(id)?;
-        Self::check_path(dir)?;
-        let bytes = tar.len() as u64;
-        self.lock()
-            .tars
-            .insert((id.clone(), dir.to_owned()), tar.to_vec());
-        Ok(UploadSummary {
-            files: 1,
-            dirs: 1,
-            symlinks: 0,
-            bytes,
-        })
+        self.upload_tar_now(id, dir, tar)
     }
 
     async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
-        self.ready(id)?;
-        Self::check_path(path)?;
-        self.lock()
-            .tars
-            .get(&(id.clone(), path.to_owned()))
-            .map(|t| Bytes::from(t.clone()))
-            .ok_or_else(|| EngineError::Invalid(format!("nothing uploaded to {path}")))
+        self.download_tar_now(id, path)
     }
 
     async fn events(&self, since: i64, limit: u32) -> Result<Vec<Event>, EngineError> {
-        Ok(self
-            .lock()
-            .events
-            .iter()
-            .filter(|e| e.seq > since)
-            .take(limit as usize)
-            .cloned()
-            .collect())
+        self.events_now(since, limit)
     }
 
     async fn audit(&self, id: &SandboxId) -> Result<Vec<ExecAudit>, EngineError> {
-        self.get(id).await?;
-        Ok(self
-            .lock()
-            .audit
-            .iter()
-            .filter(|a| a.sandbox_id == id.as_str())
-            .cloned()
-            .collect())
+        self.audit_now(id).await
     }
 
     async fn keepalive(
@@ -637,19 +403,11 @@ impl SandboxApi for FakeEngine {
         id: &SandboxId,
         ttl_secs: Option<u64>,
     ) -> Result<SandboxInfo, EngineError> {
-        let mut st = self.lock();
-        let info = st
-            .sandboxes
-            .get_mut(id)
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
-        if let Some(t) = ttl_secs {
-            info.expires_at = info.created_at + t * 1000;
-        }
-        Ok(info.clone())
+        self.keepalive_now(id, ttl_secs)
     }
 
     async fn pools(&self) -> Result<Vec<mayfly_types::PoolInfo>, EngineError> {
-        Ok(self.lock().pools.values().cloned().collect())
+        self.pools_now()
     }
 
     async fn set_pool(
@@ -658,26 +416,7 @@ impl SandboxApi for FakeEngine {
         spec: mayfly_types::PoolSpec,
         caller: &Caller,
     ) -> Result<mayfly_types::PoolInfo, EngineError> {
-        if !caller.admin {
-            return Err(EngineError::Forbidden("admin only".into()));
-        }
-        mayfly_engine::check_pool_name(name)?;
-        let target = spec.target.unwrap_or(0);
-        let info = mayfly_types::PoolInfo {
-            name: name.to_owned(),
-            template: spec.template.unwrap_or_else(|| "host".into()),
-            target,
-            max: spec.max.unwrap_or(target),
-            refill_concurrency: spec.refill_concurrency.unwrap_or(1),
-            limits: mayfly_types::ResolvedLimits::DEFAULT,
-            network: spec.network.unwrap_or(false),
-            ready: target,
-            filling: 0,
-            claims: 0,
-            misses: 0,
-        };
-        self.lock().pools.insert(name.to_owned(), info.clone());
-        Ok(info)
+        self.set_pool_now(name, spec, caller)
     }
 
     async fn drain_pool(
@@ -685,14 +424,7 @@ impl SandboxApi for FakeEngine {
         name: &str,
         _caller: &Caller,
     ) -> Result<mayfly_types::PoolInfo, EngineError> {
-        let mut st = self.lock();
-        let p = st
-            .pools
-            .get_mut(name)
-            .ok_or_else(|| EngineError::NoSuchPool(name.to_owned()))?;
-        p.target = 0;
-        p.ready = 0;
-        Ok(p.clone())
+        self.drain_pool_now(name, _caller)
     }
 
     fn tenancy(&self) -> Option<&dyn mayfly_engine::TenancyApi> {
