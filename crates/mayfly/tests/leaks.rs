@@ -331,16 +331,20 @@ async fn a_killed_daemon_its_test_never_restarts_leaks_nothing() {
 /// The cgroups of sandbox `id` in every hierarchy, made now (afresh) with
 /// no limits written, as another instance would have made them.
 fn foreign_cgroups(id: &str) -> Vec<std::path::PathBuf> {
-    let layout = mayfly_sys::cgroup::CgroupLayout::discover().expect("cgroup layout");
-    let id: SandboxId = id.parse().expect("id");
-    let plan =
-        mayfly_engine::plan::cgroup::plan(&layout, &id, &mayfly_types::ResolvedLimits::DEFAULT)
-            .expect("plan");
-    for d in &plan.sandbox_dirs {
+    let dirs = cgroup_dirs(&id.parse().expect("id"));
+    for d in &dirs {
         let _ = std::fs::remove_dir(d);
         std::fs::create_dir_all(d).expect("mkdir cgroup");
     }
-    plan.sandbox_dirs
+    dirs
+}
+
+/// Where sandbox `id`'s cgroups are, in every hierarchy.
+fn cgroup_dirs(id: &SandboxId) -> Vec<std::path::PathBuf> {
+    let layout = mayfly_sys::cgroup::CgroupLayout::discover().expect("cgroup layout");
+    mayfly_engine::plan::cgroup::plan(&layout, id, &mayfly_types::ResolvedLimits::DEFAULT)
+        .expect("plan")
+        .sandbox_dirs
 }
 
 fn age(dirs: &[std::path::PathBuf]) {
@@ -435,4 +439,57 @@ async fn a_gone_instances_sandbox_cgroups_are_removed_and_nothing_in_use_is() {
         "a process in a foreign cgroup was killed"
     );
     drop(lease);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_daemon_never_started_again_leaves_no_cgroups_once_another_starts() {
+    let live = Daemon::start().await;
+    let kept = live
+        .client
+        .create(&CreateRequest::default())
+        .await
+        .expect("create");
+    let mut gone = Daemon::start().await;
+    let dead = gone
+        .client
+        .create(&CreateRequest::default())
+        .await
+        .expect("create");
+    let (kept_dirs, dead_dirs) = (cgroup_dirs(&kept.id), cgroup_dirs(&dead.id));
+    assert!(kept_dirs.iter().chain(&dead_dirs).all(|d| d.exists()));
+    gone.kill9();
+    // Its sandboxes die with it (the parent-death chain), asynchronously.
+    let empty = |dirs: &[std::path::PathBuf]| {
+        dirs.iter().all(|d| {
+            std::fs::read_to_string(d.join("cgroup.procs")).map_or(true, |p| p.trim().is_empty())
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !empty(&dead_dirs) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        empty(&dead_dirs),
+        "the killed daemon's sandbox still has processes"
+    );
+    // Both look old now; the live one still has its processes and its
+    // uid lease, the dead one neither.
+    age(&kept_dirs);
+    age(&dead_dirs);
+    let next = Daemon::start().await;
+    assert!(
+        dead_dirs.iter().all(|d| !d.exists()),
+        "the dead daemon's sandbox cgroups are left; log:\n{}",
+        next.log()
+    );
+    assert!(
+        kept_dirs.iter().all(|d| d.exists()),
+        "a live sandbox's cgroups were removed"
+    );
+    let r = live
+        .client
+        .exec(&kept.id, &cmd(&["echo", "alive"]))
+        .await
+        .expect("exec in the live sandbox");
+    assert_eq!(text(&r.stdout.0), "alive\n");
 }
