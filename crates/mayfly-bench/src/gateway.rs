@@ -348,30 +348,26 @@ pub async fn measure(mayfly: &Path, s: &Setup) -> anyhow::Result<Outcome> {
             let w = wrk(prefix, &load(url, s.connections, s.seconds, host))?;
             let n = (w.rps * s.seconds as f64).max(1.0);
             let per = |after: u64, before: u64| after.saturating_sub(before) as f64 / n;
+            // Requests per second, then CPU per request of the proxy,
+            // nginx and wrk.
             took[path] = Some((
-                w,
+                w.rps,
                 per(cpu_us(proxy), before.0),
                 per(cpu_us(nginx), before.1),
+                w.cpu_us / n,
             ));
         }
         let [Some(direct), Some(via), ..] = took else {
             bail!("a path of the round was not measured");
         };
-        out.throughput.push((direct.0.rps, via.0.rps));
-        out.direct_cpu_us.push((
-            direct.2,
-            direct.0.cpu_us / (direct.0.rps * s.seconds as f64).max(1.0),
-        ));
-        out.cpu_us.push((
-            via.1,
-            via.2,
-            via.0.cpu_us / (via.0.rps * s.seconds as f64).max(1.0),
-        ));
+        out.throughput.push((direct.0, via.0));
+        out.direct_cpu_us.push((direct.2, direct.3));
+        out.cpu_us.push((via.1, via.2, via.3));
         out.peers.push(
             took[2..]
                 .iter()
                 .flatten()
-                .map(|(w, proxy, _)| (w.rps, *proxy))
+                .map(|(rps, proxy, ..)| (*rps, *proxy))
                 .collect(),
         );
         let secs = s.seconds.clamp(1, 5);
