@@ -42,12 +42,21 @@ pub(crate) fn try_lease(dir: &Path, slot: u32) -> std::io::Result<Option<File>> 
 /// lease file: an instance that finds a sandbox cgroup it has no record of
 /// asks the leases whether a live holder names it ([`held_ids`]). Written
 /// before the sandbox's first cgroup exists.
+///
+/// The id overwrites the last holder's in place, and the file is cut only
+/// past it (ids have one length, so in practice never). Cutting it to zero
+/// first would, on ext4 with `discard` (or `/run` on disk, as on some
+/// hosts), free its block with a synchronous discard and make the close
+/// write the new one out: a disk wait in every create.
 pub(crate) fn lease_for(dir: &Path, slot: u32, id: &str) -> std::io::Result<Option<File>> {
     let Some(f) = try_lease(dir, slot)? else {
         return Ok(None);
     };
-    f.set_len(0)?;
     f.write_all_at(id.as_bytes(), 0)?;
+    let len = id.len() as u64;
+    if f.metadata()?.len() != len {
+        f.set_len(len)?;
+    }
     Ok(Some(f))
 }
 
