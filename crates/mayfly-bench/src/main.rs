@@ -186,9 +186,13 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     // Measure a private copy: a `cargo build` during the run would
     // otherwise swap the binary under the daemon and mix two builds.
     let bin = Scratch::new("bin")?;
+    // The CLI hands `serve` and daemonless runs to `mayflyd` beside it.
     let mayfly = bin.path.join("mayfly");
-    std::fs::copy(&o.mayfly, &mayfly)
-        .with_context(|| format!("copying the mayfly binary from {}", o.mayfly.display()))?;
+    for name in ["mayfly", "mayflyd"] {
+        let from = o.mayfly.with_file_name(name);
+        std::fs::copy(&from, bin.path.join(name))
+            .with_context(|| format!("copying the {name} binary from {}", from.display()))?;
+    }
     let command = std::env::args()
         .map(|a| shell_quote(&a))
         .collect::<Vec<_>>()

@@ -22,7 +22,7 @@ pub fn exec_request(cmd: &CommandArgs, env: &[(String, String)]) -> anyhow::Resu
 
 /// This process's stdin, read to its end once (a run that a parked
 /// sandbox does not take goes cold with what it read).
-fn stdin_bytes() -> std::io::Result<&'static [u8]> {
+pub fn stdin_bytes() -> std::io::Result<&'static [u8]> {
     static STDIN: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     if let Some(b) = STDIN.get() {
         return Ok(b);
@@ -80,7 +80,9 @@ pub fn engine_config(cli: &Cli) -> EngineConfig {
 /// Hands a daemonless run to a parked sandbox, if one takes it; None when
 /// none did (nothing ran) and the run goes cold. The command's output goes
 /// straight to this process's streams, written by the sandbox's keeper.
-pub fn try_parked(cli: &Cli, a: &RunArgs) -> anyhow::Result<Option<i32>> {
+/// `engine`: the binary that would run it cold (only a keeper of that
+/// build takes it).
+pub fn try_parked(cli: &Cli, a: &RunArgs, engine: park::ExeId) -> anyhow::Result<Option<i32>> {
     let Ok(create) = a.spec.request() else {
         return Ok(None);
     };
@@ -97,6 +99,7 @@ pub fn try_parked(cli: &Cli, a: &RunArgs) -> anyhow::Result<Option<i32>> {
         stdin,
         json: cli.json,
         stdio: [stdout.as_fd(), stderr.as_fd()],
+        engine,
     };
     let dir = park::park_dir(&cli.state_dir);
     let Some(claimed) = park::try_claim(&dir, &req)? else {
@@ -106,29 +109,11 @@ pub fn try_parked(cli: &Cli, a: &RunArgs) -> anyhow::Result<Option<i32>> {
     Ok(Some(claimed.wait()?))
 }
 
-pub async fn run(
-    cli: &Cli,
-    a: &RunArgs,
-    one_shot: Option<(Zygote, EngineConfig)>,
-) -> anyhow::Result<i32> {
-    let requests = a
-        .spec
-        .request()
-        .and_then(|create| Ok((create, exec_request(&a.cmd, &[])?)));
-    match one_shot {
-        None => {
-            let (create, exec) = requests?;
-            run_remote(cli, create, exec).await
-        }
-        Some((zygote, cfg)) => run_local(cli, zygote, cfg, requests).await,
-    }
-}
-
-async fn run_remote(
-    cli: &Cli,
-    create: mayfly_types::CreateRequest,
-    exec: ExecRequest,
-) -> anyhow::Result<i32> {
+/// A run through the daemon: one request, and the daemon destroys the
+/// sandbox when the command ends.
+pub async fn run_remote(cli: &Cli, a: &RunArgs) -> anyhow::Result<i32> {
+    let create = a.spec.request()?;
+    let exec = exec_request(&a.cmd, &[])?;
     let client = cli.client()?;
     if cli.json {
         // The buffered result keeps the output in the JSON document.
@@ -137,7 +122,6 @@ async fn run_remote(
         client.destroy(&sb.id).await?;
         return output::finish(&result?, true);
     }
-    // One request: the daemon destroys the sandbox when the command ends.
     let req = RunRequest {
         sandbox: create,
         exec,
@@ -151,6 +135,15 @@ async fn run_remote(
         output::write_event(&ev)?;
     }
     anyhow::bail!("the daemon ended the stream of sandbox {id} without an exit status")
+}
+
+/// A daemonless run with this process's engine.
+pub async fn run(cli: &Cli, a: &RunArgs, zygote: Zygote, cfg: EngineConfig) -> anyhow::Result<i32> {
+    let requests = a
+        .spec
+        .request()
+        .and_then(|create| Ok((create, exec_request(&a.cmd, &[])?)));
+    run_local(cli, zygote, cfg, requests).await
 }
 
 async fn run_local(

@@ -205,3 +205,73 @@ async fn a_state_dir_below_a_private_directory_works_or_is_refused_at_start() {
         }
     }
 }
+
+/// The CLI hands `serve` to `mayflyd` by `execve`: the process a supervisor
+/// (or a test) started is the daemon itself, so its pid is the daemon's.
+#[test]
+fn serve_through_the_cli_is_mayflyd_under_the_same_pid() {
+    common::require_root();
+    let dir = test_dir();
+    let sock = dir.path().join("d.sock");
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(&sock)
+        .arg("serve")
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting mayfly serve");
+    let pid = child.id();
+    let t = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed().as_secs() < 20, "no daemon socket after 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the daemon's exe");
+    assert_eq!(
+        exe,
+        std::fs::canonicalize(common::DAEMON_BIN).unwrap(),
+        "pid {pid} (started as `mayfly serve`) runs {}",
+        exe.display()
+    );
+    // SIGTERM reaches the daemon itself, which shuts down cleanly.
+    // SAFETY: `kill` with a live child's pid and a valid signal number.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let status = child.wait().expect("waiting for the daemon");
+    assert_eq!(status.code(), Some(0), "the daemon's exit after SIGTERM");
+}
+
+/// Installed without `mayflyd` beside it, the CLI still runs client
+/// commands, and a command that needs the engine says what is missing.
+#[test]
+fn without_mayflyd_beside_it_the_cli_says_so() {
+    let dir = test_dir();
+    let lone = dir.path().join("mayfly");
+    std::fs::copy(BIN, &lone).unwrap();
+    let cmd = |args: &[&str]| {
+        Command::new(&lone)
+            .arg("--socket")
+            .arg(dir.path().join("none.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(args)
+            .output()
+            .expect("running the lone CLI")
+    };
+    for args in [&["serve"][..], &["run", "--", "true"], &["prune"]] {
+        let out = cmd(args);
+        // 125: the CLI's own failure, as for `docker run`.
+        assert_eq!(out.status.code(), Some(125), "`mayfly {}`", args.join(" "));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("needs mayflyd") && err.contains(&lone.display().to_string()),
+            "`mayfly {}` said: {err}",
+            args.join(" ")
+        );
+    }
+    let out = cmd(&["ps"]);
+    assert!(text(&out.stderr).contains("mayfly serve"), "{out:?}");
+}

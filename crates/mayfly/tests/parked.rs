@@ -388,8 +388,12 @@ fn an_idle_keeper_destroys_its_sandbox() {
 fn a_keeper_retires_when_a_run_of_another_binary_comes() {
     common::require_root();
     let (dir, parked) = parked_start();
-    let copy = dir.path().join("mayfly-rebuilt");
+    // A rebuild replaces both binaries (the CLI finds `mayflyd` beside it).
+    let rebuilt = dir.path().join("rebuilt");
+    std::fs::create_dir(&rebuilt).unwrap();
+    let copy = rebuilt.join("mayfly");
     std::fs::copy(common::BIN, &copy).unwrap();
+    std::fs::copy(common::DAEMON_BIN, rebuilt.join("mayflyd")).unwrap();
     let template = parked_cmd(&dir, &["run", "--", "hostname"]);
     let out = std::process::Command::new(&copy)
         .args(template.get_args())

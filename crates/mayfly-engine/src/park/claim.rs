@@ -20,6 +20,9 @@ pub struct ClaimRequest<'a> {
     pub json: bool,
     /// The run's stdout and stderr.
     pub stdio: [BorrowedFd<'a>; 2],
+    /// The engine binary that would run the command cold (`mayflyd`): a
+    /// keeper serves only a run of its own build.
+    pub engine: ExeId,
 }
 
 /// A parked sandbox that has committed to run the command.
@@ -74,7 +77,7 @@ pub fn try_claim(dir: &Path, req: &ClaimRequest<'_>) -> Result<Option<Claimed>, 
     }
     let msg = encode(&ToKeeper::Claim(Box::new(ClaimMsg {
         version: PROTO_VERSION,
-        exe: ExeId::current()?,
+        exe: req.engine,
         create: req.create.clone(),
         exec: req.exec.clone(),
         interactive: req.stdin.is_some(),

@@ -3,7 +3,7 @@
 //!
 //! A daemonless run does all of a sandbox's bring-up on its critical path.
 //! So, as the warm pools do for a daemon, the reaper of each such
-//! run, once its own sandbox is gone, starts a *keeper*: a `mayfly park`
+//! run, once its own sandbox is gone, starts a *keeper*: a `mayflyd park`
 //! process that boots one fresh sandbox with the default spec (through the
 //! same early plan and create as a run) and waits for a run to claim it on
 //! a root-only unix socket, `<state>/parked/keeper-<k>.sock`.
@@ -12,7 +12,7 @@
 //! and stderr (`SCM_RIGHTS`; stdin, with `--interactive`, it has read to its
 //! end first, as a cold run does, and sends as data). The keeper accepts only a request it
 //! can serve as a cold run would (the same spec, ignoring the TTL, which it
-//! applies; the same `mayfly` binary). The claim takes two steps, so a
+//! applies; the same `mayflyd` build). The claim takes two steps, so a
 //! command runs at most once: the keeper answers `Accepted`, the run
 //! commits with `Go`, and only then does the command start. A run that gets
 //! anything else, or nothing within [`CLAIM_TIMEOUT`], runs cold instead.
@@ -168,7 +168,7 @@ pub fn spawn_keeper(plan: &ParkPlan, run_ended_at: u64) -> Result<bool, ParkErro
     }
     let exe = Path::new("/proc/self/exe");
     std::process::Command::new(exe)
-        .arg0("mayfly")
+        .arg0("mayflyd")
         .args(&plan.argv)
         .env_clear()
         .env(AFTER_ENV, run_ended_at.to_string())
@@ -204,8 +204,8 @@ pub fn pruned_since(dir: &Path, t: u64) -> bool {
         .is_some_and(|p| p >= t)
 }
 
-/// Which `mayfly` binary a process runs: a run and a keeper must be the
-/// same build (a rebuilt binary is a new inode).
+/// Which engine binary (`mayflyd`) a process runs or would hand a run to: a
+/// run and a keeper must be the same build (a rebuilt binary is a new inode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExeId {
     pub dev: u64,
@@ -215,8 +215,12 @@ pub struct ExeId {
 impl ExeId {
     /// This process's binary.
     pub fn current() -> Result<ExeId, ParkError> {
+        ExeId::of(Path::new("/proc/self/exe"))
+    }
+
+    /// The binary at `path` (symlinks followed).
+    pub fn of(path: &Path) -> Result<ExeId, ParkError> {
         use std::os::unix::fs::MetadataExt;
-        let path = Path::new("/proc/self/exe");
         let m = std::fs::metadata(path).map_err(|e| ParkError::io("stat", path, e))?;
         Ok(ExeId {
             dev: m.dev(),

@@ -28,6 +28,9 @@ pub use host::{assert_no_leaks, procs_in_sandbox, ProcInfo};
 /// The `mayfly` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_mayfly");
 
+/// `mayflyd`, which `mayfly` hands the engine's commands to.
+pub const DAEMON_BIN: &str = env!("CARGO_BIN_EXE_mayflyd");
+
 /// Host uids from here up belong to Mayfly's sandboxes.
 pub const SANDBOX_UID_START: u32 = 1 << 30;
 
