@@ -229,7 +229,7 @@ pub(crate) fn reaper_main(
     go: OwnedFd,
     _lease: OwnedFd,
 ) -> ! {
-    process::wipe_cmdline_and_environ("mayfly-reaper");
+    process::set_title("mayfly-reaper");
     let mut go = std::fs::File::from(go);
     let mut msg = [0u8; 9];
     let handed = loop {

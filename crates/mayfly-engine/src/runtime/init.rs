@@ -68,7 +68,7 @@ fn setup_sandbox(plan: &SpawnPlan, setup: &OwnedFd) -> Result<(), String> {
     process::set_parent_death_signal(libc::SIGKILL).map_err(|e| super::chain(&e))?;
     // pid 1's command line is readable by everyone inside: show nothing of
     // the daemon's arguments or environment.
-    process::wipe_cmdline_and_environ("mayfly-init");
+    process::set_title("mayfly-init");
     // The zygote sends the layer mounts once the id maps are written and
     // this process is in its cgroup; until then nothing here is mapped.
     let mut buf = Vec::new();

@@ -103,7 +103,7 @@ pub(super) fn stub_main(
     {
         process::exit_now(1);
     }
-    process::wipe_cmdline_and_environ("mayfly-stub");
+    process::set_title("mayfly-stub");
     // The zygote ignores SIGCHLD; this process must reap its init itself.
     process::reset_signals();
     // Made now, while nobody waits: a network namespace costs about a

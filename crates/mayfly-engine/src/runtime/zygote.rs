@@ -196,7 +196,7 @@ fn zygote_main(sock: OwnedFd, parent: i32, warm: bool) -> ! {
     {
         process::exit_now(1);
     }
-    process::wipe_cmdline_and_environ("mayfly-zygote");
+    process::set_title("mayfly-zygote");
     // Nothing the zygote forks (stubs, inits, reapers) may hold the
     // caller's descriptors: not its terminal or the pipes a caller reads to
     // their end (`out=$(mayfly run …)` would wait for the sandbox's

@@ -356,8 +356,10 @@ pub fn try_lock_file(path: &std::path::Path) -> Result<Option<std::fs::File>, Pr
     Ok(Some(file))
 }
 
-/// Overwrites this process's command line and environment strings in
-/// place, so `/proc/<pid>/cmdline` and `environ` show `title` and nothing
+/// Names this helper process `title` (at most 15 bytes): its task name
+/// (`comm`, what `ps`, `top` and `pgrep` show), and its command line and
+/// environment strings, overwritten in place, so `/proc/<pid>/cmdline` and
+/// `environ` show `title` and nothing
 /// of what the process inherited (a forked helper would otherwise expose
 /// the daemon's arguments, tokens included, to every sandbox).
 ///
@@ -366,7 +368,11 @@ pub fn try_lock_file(path: &std::path::Path) -> Result<Option<std::fs::File>, Pr
 /// writable memory of this process.
 ///
 /// Do not call `std::env::args` afterwards: it reads those strings.
-pub fn wipe_cmdline_and_environ(title: &str) {
+pub fn set_title(title: &str) {
+    if let Ok(name) = std::ffi::CString::new(title) {
+        // Only the calling thread's name; these helpers are single-threaded.
+        let _ = nix::sys::prctl::set_name(&name);
+    }
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return;
     };
@@ -414,16 +420,18 @@ mod tests {
     }
 
     #[test]
-    fn wiping_the_command_line_hides_the_original_arguments() {
+    fn a_title_names_the_task_and_hides_the_original_arguments() {
         // In a forked child, so the test runner's own argv stays intact.
         // SAFETY: the child only touches its own memory and exits.
         match unsafe { super::fork() }.expect("fork") {
             super::Forked::Child => {
-                super::wipe_cmdline_and_environ("mayfly-test");
+                super::set_title("mayfly-test");
                 let cmd = std::fs::read("/proc/self/cmdline").unwrap_or_default();
                 let env = std::fs::read("/proc/self/environ").unwrap_or_default();
+                let comm = std::fs::read("/proc/self/comm").unwrap_or_default();
                 // The test binary's path (…/deps/mayfly_sys-…) is gone.
                 let ok = cmd.starts_with(b"mayfly-test")
+                    && comm == b"mayfly-test\n"
                     && !cmd.windows(5).any(|w| w == b"deps/")
                     && env.iter().all(|&b| b == 0);
                 super::exit_now(if ok { 0 } else { 1 })
