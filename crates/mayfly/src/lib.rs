@@ -2,8 +2,10 @@
 //!
 //! - `mayfly`, the CLI ([`client_main`]): parses the command line and talks
 //!   to the daemon through `mayfly-client`. It links no engine or server
-//!   code, so it starts in about a millisecond, which is most of what a
-//!   `mayfly exec` or a `mayfly run` through a warm daemon costs the caller.
+//!   code and is linked position-dependent (`build.rs`), so its start costs
+//!   about a millisecond more than `/bin/true`'s; a process start is a large
+//!   part of what a `mayfly exec` or a `mayfly run` through a warm daemon
+//!   costs the caller.
 //!   What needs the engine (`serve`, a daemonless `run` that no parked
 //!   sandbox takes, `park`, `prune`) it hands to `mayflyd` by `execve`,
 //!   same pid and same arguments.
