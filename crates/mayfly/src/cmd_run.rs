@@ -174,9 +174,12 @@ async fn run_local(
         }
     };
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "sandbox ready");
-    // Forked while the command runs; without one, the destroy below is
-    // done in this process instead.
-    if let Err(e) = engine.prepare_reaper(&sb.id) {
+    // Forked before the command starts: a run killed at any moment after
+    // it has a reaper to clean up (one forked while the command ran left a
+    // window, at its first milliseconds, where a `kill -9` left the sandbox
+    // to the next run's recovery). Without one, the destroy below is done
+    // in this process instead.
+    if let Err(e) = engine.prepare_reaper_now(&sb.id).await {
         tracing::warn!(error = %e, "preparing a reaper failed");
     }
     let result = exec_to(

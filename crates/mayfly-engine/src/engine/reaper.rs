@@ -5,7 +5,7 @@
 //! takes several more milliseconds that the caller does not need to wait
 //! for, just as a daemon answers `DELETE` before its cleanup has finished.
 //! So each such sandbox gets a *reaper*: a process forked by the zygote
-//! (single-threaded, so the fork is whole) while the sandbox's command runs,
+//! (single-threaded, so the fork is whole) before the sandbox's command starts,
 //! in a session of its own, with its standard streams on `/dev/null`, that
 //! outlives `mayfly run`.
 //!
@@ -45,17 +45,11 @@ pub(crate) struct Reaper {
 pub(crate) type PendingReaper = tokio::task::JoinHandle<Result<Reaper, EngineError>>;
 
 impl Engine {
-    /// Starts forking the reaper of a sandbox in the background, so that
-    /// [`Engine::destroy_detached`] finds it ready. Call it right after the
-    /// create, while the sandbox's command runs.
-    pub fn prepare_reaper(&self, id: &SandboxId) -> Result<(), EngineError> {
-        let task = self.spawn_reaper(self.lookup(id)?);
-        self.reapers().insert(id.clone(), task);
-        Ok(())
-    }
-
-    /// [`Engine::prepare_reaper`], returning once the reaper is forked (a
-    /// keeper has its sandbox's reaper ready before it offers the sandbox).
+    /// Has the zygote fork a sandbox's reaper, so that
+    /// [`Engine::destroy_detached`] finds it ready; returns once it is
+    /// forked. Call it after the create and before the command starts (a
+    /// run killed later then always has a reaper to clean up; a keeper has
+    /// its sandbox's reaper ready before it offers the sandbox).
     pub async fn prepare_reaper_now(&self, id: &SandboxId) -> Result<(), EngineError> {
         let reaper = self
             .spawn_reaper(self.lookup(id)?)
