@@ -138,20 +138,16 @@ pub async fn run_remote(cli: &Cli, a: &RunArgs) -> anyhow::Result<i32> {
 }
 
 /// A daemonless run with this process's engine.
-pub async fn run(cli: &Cli, a: &RunArgs, zygote: Zygote, cfg: EngineConfig) -> anyhow::Result<i32> {
+pub async fn run_local(
+    cli: &Cli,
+    a: &RunArgs,
+    zygote: Zygote,
+    cfg: EngineConfig,
+) -> anyhow::Result<i32> {
     let requests = a
         .spec
         .request()
         .and_then(|create| Ok((create, exec_request(&a.cmd, &[])?)));
-    run_local(cli, zygote, cfg, requests).await
-}
-
-async fn run_local(
-    cli: &Cli,
-    zygote: Zygote,
-    cfg: EngineConfig,
-    requests: anyhow::Result<(mayfly_types::CreateRequest, ExecRequest)>,
-) -> anyhow::Result<i32> {
     let t = std::time::Instant::now();
     let engine = Engine::new(cfg, zygote)?;
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "engine ready");

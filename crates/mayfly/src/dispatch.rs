@@ -32,10 +32,7 @@ pub fn client(cli: Cli) -> anyhow::Result<i32> {
         _ => {}
     }
     init_tracing(false);
-    let rt = client_runtime()?;
-    let code = rt.block_on(client_command(&cli));
-    rt.shutdown_background();
-    code
+    run_client(&cli)
 }
 
 /// `mayflyd`: the daemon, a daemonless run's engine, or any client command.
@@ -78,10 +75,7 @@ pub fn daemon(cli: Cli) -> anyhow::Result<i32> {
     };
     init_tracing(daemon);
     if !daemon && one_shot.is_none() {
-        let rt = client_runtime()?;
-        let code = rt.block_on(client_command(&cli));
-        rt.shutdown_background();
-        return code;
+        return run_client(&cli);
     }
     // A one-shot engine needs one worker (its stub is made on the worker
     // while `block_on` opens the store on this thread).
@@ -94,7 +88,7 @@ pub fn daemon(cli: Cli) -> anyhow::Result<i32> {
             Command::Serve(ref a) => cmd_serve::serve(&cli, a, zygote.expect("zygote")).await,
             Command::Run(ref a) => {
                 let (zygote, cfg) = one_shot.expect("a daemonless run's engine");
-                cmd_run::run(&cli, a, zygote, cfg).await
+                cmd_run::run_local(&cli, a, zygote, cfg).await
             }
             _ => unreachable!("only serve and a daemonless run start an engine"),
         }
@@ -105,13 +99,16 @@ pub fn daemon(cli: Cli) -> anyhow::Result<i32> {
     code
 }
 
-/// A client command runs on this thread alone: a worker would be one more
+/// Runs a client command on this thread alone: a worker would be one more
 /// thread to start, wake for every response and tear down at exit, which on
 /// a busy host costs more than the requests themselves.
-fn client_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+fn run_client(cli: &Cli) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build()?;
+    let code = rt.block_on(client_command(cli));
+    rt.shutdown_background();
+    code
 }
 
 /// Every command that talks to a daemon (a `run` here is one through it).
