@@ -113,6 +113,10 @@ struct Opts {
     /// Boots at once in the refill measure (0: two per core).
     #[arg(long, global = true, default_value_t = 0)]
     refill_concurrency: u32,
+    /// Rounds of the refill measure (each from an empty pool); the report
+    /// gives the median.
+    #[arg(long, global = true, default_value_t = 5)]
+    refill_rounds: u32,
     /// Sandboxes alive at once for the density measure.
     #[arg(long, global = true, default_value_t = 1000)]
     sandboxes: usize,
@@ -344,7 +348,15 @@ async fn api_measures(
             ok = false;
         }
         eprintln!("mayfly-bench: refill of {} sandboxes", o.refill_target);
-        if let Err(e) = pool::refill(&d, o.refill_target, o.refill_concurrency, report).await {
+        if let Err(e) = pool::refill(
+            &d,
+            o.refill_target,
+            o.refill_concurrency,
+            o.refill_rounds,
+            report,
+        )
+        .await
+        {
             report.note(format!("The refill measure failed: {e:#}"));
             ok = false;
         }

@@ -104,11 +104,19 @@ pub async fn claims(
 }
 
 /// Refill rate: from an empty pool to `target` booted sandboxes with
-/// `concurrency` boots at once (0: two per core); sandboxes per second per core.
+/// `concurrency` boots at once (0: two per core), `rounds` times (the
+/// host's noise is larger than one round); sandboxes per second per core.
+///
+/// The measure must not compete with what it measures: it waits for the
+/// daemon to fall quiet first (the previous measure's drained sandboxes are
+/// destroyed in the background), polls the pool only every [`REFILL_POLL`],
+/// and takes the end from the daemon's own `ready` events, not from when a
+/// poll happened to see the pool full.
 pub async fn refill(
     d: &Daemon,
     target: u32,
     concurrency: u32,
+    rounds: u32,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let c = &d.client;
@@ -121,19 +129,108 @@ pub async fn refill(
     } else {
         concurrency
     };
-    settle(c, 0, Duration::from_secs(30)).await?;
-    let t = Instant::now();
-    set_pool(c, target, conc).await?;
-    settle(c, target, Duration::from_secs(120)).await?;
-    let took = t.elapsed();
+    let mut took = Vec::new();
+    for _ in 0..rounds.max(1) {
+        settle(c, 0, Duration::from_secs(30)).await?;
+        let since = quiet(c, Duration::from_millis(300), Duration::from_secs(60)).await?;
+        let start = std::time::SystemTime::now();
+        set_pool(c, target, conc).await?;
+        poll_pool(c, POOL, target, REFILL_POLL, Duration::from_secs(120)).await?;
+        let last = last_ready(c, since, target).await?;
+        took.push(
+            last.duration_since(start)
+                .context("the last boot's ready event is older than the refill's start")?,
+        );
+        call("draining the pool", c.drain_pool(POOL)).await?;
+    }
     report.refill = Some(crate::report::Refill {
         sandboxes: target,
         cores,
         concurrency: conc,
-        took,
+        rounds: took,
     });
-    call("draining the pool", c.drain_pool(POOL)).await?;
     Ok(())
+}
+
+/// How often the refill measure looks at the pool. Each look is a request
+/// the daemon serves on the cores the boots need; the end time comes from
+/// the events, so a coarse poll costs no precision.
+const REFILL_POLL: Duration = Duration::from_millis(50);
+
+/// Waits until pool `name` holds at least `ready` and boots nothing,
+/// looking every `every`.
+async fn poll_pool(
+    c: &Client,
+    name: &str,
+    ready: u32,
+    every: Duration,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        let pools = call("listing pools", c.pools()).await?;
+        let p = pools.iter().find(|p| p.name == name);
+        if p.is_some_and(|p| p.ready >= ready && p.filling == 0) {
+            return Ok(());
+        }
+        if t.elapsed() > limit {
+            bail!("pool {name} did not reach {ready} ready within {limit:?}: {p:?}");
+        }
+    }
+}
+
+/// Waits until the daemon records no lifecycle event for `still`; returns
+/// the sequence number of its last event.
+async fn quiet(c: &Client, still: Duration, limit: Duration) -> anyhow::Result<i64> {
+    let t = Instant::now();
+    let mut seq = latest_seq(c, 0).await?;
+    loop {
+        tokio::time::sleep(still).await;
+        let now = latest_seq(c, seq).await?;
+        if now == seq {
+            return Ok(seq);
+        }
+        if t.elapsed() > limit {
+            bail!("the daemon did not fall quiet within {limit:?}");
+        }
+        seq = now;
+    }
+}
+
+/// The sequence number of the daemon's latest event after `since`
+/// (`since` itself if there is none).
+async fn latest_seq(c: &Client, mut since: i64) -> anyhow::Result<i64> {
+    loop {
+        let page = call("reading events", c.events(since, 1000)).await?;
+        match page.last() {
+            Some(e) => since = e.seq,
+            None => return Ok(since),
+        }
+    }
+}
+
+/// When the `n`th sandbox of the bench's pool after event `since` was
+/// ready, by the daemon's clock (the same host's as the bench's). Events
+/// carry whole milliseconds; this is the end of that millisecond, so the
+/// refill is never measured shorter than it took.
+async fn last_ready(c: &Client, mut since: i64, n: u32) -> anyhow::Result<std::time::SystemTime> {
+    let mut seen = 0;
+    loop {
+        let page = call("reading events", c.events(since, 1000)).await?;
+        let Some(tail) = page.last() else {
+            bail!("only {seen} of the refill's {n} ready events were recorded");
+        };
+        since = tail.seq;
+        for e in &page {
+            if e.kind == "ready" && e.detail.get("pool").and_then(|p| p.as_str()) == Some(POOL) {
+                seen += 1;
+                if seen == n {
+                    return Ok(std::time::UNIX_EPOCH + Duration::from_millis(e.at + 1));
+                }
+            }
+        }
+    }
 }
 
 /// `mayfly run -- /bin/true` through the daemon (its pool warm) and

@@ -69,13 +69,29 @@ const MEASURES: [(&str, &str); 24] = [
 const MIB: f64 = 1024.0;
 
 /// The refill measure: `sandboxes` booted into an empty pool, `concurrency`
-/// at once, on `cores` cores, in `took`.
-#[derive(Debug, Clone, Copy)]
+/// at once, on `cores` cores, once per round; `rounds` holds how long each
+/// round took.
+#[derive(Debug, Clone)]
 pub struct Refill {
     pub sandboxes: u32,
     pub cores: u32,
     pub concurrency: u32,
-    pub took: std::time::Duration,
+    pub rounds: Vec<std::time::Duration>,
+}
+
+impl Refill {
+    /// The median round (the upper one of an even count, so never the
+    /// faster of two).
+    pub fn took(&self) -> std::time::Duration {
+        let mut r = self.rounds.clone();
+        r.sort();
+        r.get(r.len() / 2).copied().unwrap_or_default()
+    }
+
+    /// Sandboxes per second per core, of the median round.
+    pub fn per_core(&self) -> f64 {
+        self.sandboxes as f64 / self.took().as_secs_f64() / self.cores.max(1) as f64
+    }
 }
 
 /// Everything one run measured.
@@ -354,7 +370,7 @@ impl Report {
             "machine": self.machine, "versions": self.versions, "command": self.command,
             "measures": measures, "targets": verdicts,
             "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
-            "refill": self.refill.map(|r| json!({"sandboxes": r.sandboxes, "cores": r.cores, "concurrency": r.concurrency, "seconds": r.took.as_secs_f64()})),
+            "refill": self.refill.as_ref().map(|r| json!({"sandboxes": r.sandboxes, "cores": r.cores, "concurrency": r.concurrency, "seconds": r.took().as_secs_f64(), "per_core": r.per_core(), "rounds": r.rounds.iter().map(|d| d.as_secs_f64()).collect::<Vec<_>>()})),
             "load": self.load.as_ref().map(|l| json!({"clients": l.clients, "total": l.total, "seconds": l.wall.as_secs_f64(), "per_second": l.rate(), "errors": l.errors, "throttled": l.throttled, "from_pool": l.from_pool, "first_error": l.first_error, "host_cpu_ms_per_cycle": l.cpu_ms_per_cycle(), "bwrap": l.peer.as_ref().map(|p| match p {
                 Ok(p) => json!({"runs": p.runs, "at_once": p.concurrency, "seconds": p.wall.as_secs_f64(), "per_second": p.rate(), "host_cpu_ms_per_run": p.cpu_ms_per_run()}),
                 Err(e) => json!({"error": e}),

@@ -121,13 +121,20 @@ impl Report {
         push(
             "pool refill rate",
             "≥ 200 sandboxes per second per core",
-            self.refill.map(|r| {
-                let per_core = r.sandboxes as f64 / r.took.as_secs_f64() / r.cores.max(1) as f64;
+            self.refill.as_ref().map(|r| {
+                let per_core = r.per_core();
+                let rounds: Vec<String> = r
+                    .rounds
+                    .iter()
+                    .map(|d| format!("{:.0}", r.sandboxes as f64 / d.as_secs_f64() / r.cores.max(1) as f64))
+                    .collect();
                 (
                     format!(
-                        "{per_core:.0}/s per core ({} in {:.2} s on {} cores, {} boots at once)",
+                        "{per_core:.0}/s per core, median of {} rounds ({}); {} in {:.2} s on {} cores, {} boots at once",
+                        r.rounds.len(),
+                        rounds.join(", "),
                         r.sandboxes,
-                        r.took.as_secs_f64(),
+                        r.took().as_secs_f64(),
                         r.cores,
                         r.concurrency
                     ),
