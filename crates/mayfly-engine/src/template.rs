@@ -158,7 +158,9 @@ pub fn ensure_host_skeleton(
     host_root: &Path,
     host: &[(&str, HostEntry)],
 ) -> Result<PathBuf, TemplateError> {
-    let dest = templates_dir.join("host-v2");
+    // v3: `run/secrets` is in the skeleton, so mounting the secrets tmpfs
+    // copies nothing up (v2 cost every sandbox two directories on disk).
+    let dest = templates_dir.join("host-v3");
     if dest.join(".complete").exists() {
         return Ok(dest);
     }
@@ -167,7 +169,7 @@ pub fn ensure_host_skeleton(
         move |source| TemplateError::Skeleton { path, source }
     };
     std::fs::create_dir_all(templates_dir).map_err(err(templates_dir))?;
-    let tmp = templates_dir.join(format!(".host-v2.tmp.{}", std::process::id()));
+    let tmp = templates_dir.join(format!(".host-v3.tmp.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     build_skeleton(&tmp, host_root, host).map_err(err(&tmp))?;
     std::fs::write(tmp.join(".complete"), b"").map_err(err(&tmp))?;
@@ -203,6 +205,9 @@ fn build_skeleton(root: &Path, host_root: &Path, host: &[(&str, HostEntry)]) -> 
         ("home", 0o755),
         ("etc", 0o755),
         ("run", 0o755),
+        // The secrets tmpfs's mount point (`plan::mounts`): here, mounting
+        // it copies no directory up into the sandbox's upper layer.
+        ("run/secrets", 0o755),
         ("var/tmp", 0o1777),
         ("var/lib", 0o755),
         ("var/cache", 0o755),
@@ -281,12 +286,12 @@ mod tests {
             ("lib32", HostEntry::Missing),
         ];
         let host_t = Resolved::simple(&mayfly_types::TemplateRef::Host).unwrap();
-        let layers = plan_layers(&host_t, Path::new("/s/host-v2"), &host);
+        let layers = plan_layers(&host_t, Path::new("/s/host-v3"), &host);
         assert_eq!(
             layers,
             vec![
                 Layer {
-                    lowers: vec!["/s/host-v2".into()],
+                    lowers: vec!["/s/host-v3".into()],
                     target: "".into()
                 },
                 Layer {
@@ -370,6 +375,7 @@ mod tests {
         let passwd = std::fs::read_to_string(sk.join("etc/passwd")).unwrap();
         assert!(passwd.starts_with("root:") && !passwd.contains("alice"));
         assert!(sk.join("usr").is_dir() && sk.join("workspace").is_dir());
+        assert!(sk.join("run/secrets").is_dir());
         // A second call reuses the finished skeleton.
         assert_eq!(
             ensure_host_skeleton(out.path(), host.path(), &[]).unwrap(),

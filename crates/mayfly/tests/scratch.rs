@@ -1,6 +1,7 @@
 //! `serve --scratch DIR`: sandboxes' writable layers, mount points and trash
 //! on another filesystem (here a tmpfs), cleaned up like the default ones,
-//! and a scratch directory someone else could control is refused.
+//! and a scratch directory someone else could control is refused; booting
+//! copies nothing up into a writable layer.
 
 mod common;
 
@@ -129,4 +130,38 @@ fn a_scratch_directory_someone_else_could_control_is_refused() {
     // Not absolute.
     let err = refused(Path::new("relative/scratch"));
     assert!(err.contains("absolute"), "{err}");
+}
+
+/// Every directory a sandbox makes on the writable layers' filesystem is an
+/// inode created and freed per sandbox (on these hosts' journal-less ext4,
+/// the slowest part of a boot): booting a `host` sandbox copies nothing up.
+#[tokio::test]
+async fn a_booted_sandbox_has_copied_nothing_up() {
+    let d = Daemon::start().await;
+    let sb = d.create().await;
+    let dir = d.sandbox_dir(&sb.id);
+    let mut uppers = Vec::new();
+    for e in std::fs::read_dir(&dir).expect("the sandbox's directory") {
+        let e = e.expect("an entry");
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("upper") {
+            let inside: Vec<_> = std::fs::read_dir(e.path())
+                .expect("an upper directory")
+                .map(|e| e.expect("an entry").file_name())
+                .collect();
+            assert!(
+                inside.is_empty(),
+                "booting copied {inside:?} up into {}",
+                e.path().display()
+            );
+            uppers.push(name);
+        }
+    }
+    uppers.sort();
+    assert_eq!(uppers, ["upper0", "upper1"], "in {}", dir.display());
+    // The secrets tmpfs is mounted on the skeleton's own directory.
+    assert_eq!(
+        d.sh(&sb.id, "findmnt -no FSTYPE /run/secrets").await,
+        "tmpfs\n"
+    );
 }
