@@ -109,9 +109,13 @@ pub async fn claims(
 ///
 /// The measure must not compete with what it measures: it waits for the
 /// daemon to fall quiet first (the previous measure's drained sandboxes are
-/// destroyed in the background), polls the pool only every [`REFILL_POLL`],
-/// and takes the end from the daemon's own `ready` events, not from when a
-/// poll happened to see the pool full.
+/// destroyed in the background) and then for the host's CPUs to be idle
+/// (the kernel finishes tearing namespaces and cgroups down in its own
+/// workers, after the daemon's last event), polls the pool only every
+/// [`REFILL_POLL`], and takes the end from the daemon's own `ready` events,
+/// not from when a poll happened to see the pool full. The host's busy CPU
+/// time across each round is kept too: CPU per boot is the steadier figure
+/// on a noisy host.
 pub async fn refill(
     d: &Daemon,
     target: u32,
@@ -129,13 +133,18 @@ pub async fn refill(
     } else {
         concurrency
     };
-    let mut took = Vec::new();
+    let (mut took, mut cpu, mut busy_starts) = (Vec::new(), Vec::new(), 0);
     for _ in 0..rounds.max(1) {
         settle(c, 0, Duration::from_secs(30)).await?;
         let since = quiet(c, Duration::from_millis(300), Duration::from_secs(60)).await?;
+        if !idle_host(cores, Duration::from_secs(10)).await? {
+            busy_starts += 1;
+        }
+        let cpu0 = HostCpu::now()?;
         let start = std::time::SystemTime::now();
         set_pool(c, target, conc).await?;
         poll_pool(c, POOL, target, REFILL_POLL, Duration::from_secs(120)).await?;
+        cpu.push(HostCpu::now()?.since(cpu0));
         let last = last_ready(c, since, target).await?;
         took.push(
             last.duration_since(start)
@@ -143,13 +152,35 @@ pub async fn refill(
         );
         call("draining the pool", c.drain_pool(POOL)).await?;
     }
+    if busy_starts > 0 {
+        report.note(format!(
+            "{busy_starts} of the refill's rounds started with the host still busy \
+             (over 10% of its CPU time for 10 s): something else was running."
+        ));
+    }
     report.refill = Some(crate::report::Refill {
         sandboxes: target,
         cores,
         concurrency: conc,
         rounds: took,
+        cpu,
     });
     Ok(())
+}
+
+/// Waits until the host's CPUs are idle (under a tenth of their time busy
+/// over 200 ms), at most `limit`; whether they were.
+async fn idle_host(cores: u32, limit: Duration) -> anyhow::Result<bool> {
+    const WINDOW: Duration = Duration::from_millis(200);
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        let before = HostCpu::now()?;
+        tokio::time::sleep(WINDOW).await;
+        if HostCpu::now()?.since(before) < WINDOW * cores / 10 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// How often the refill measure looks at the pool. Each look is a request

@@ -70,13 +70,14 @@ const MIB: f64 = 1024.0;
 
 /// The refill measure: `sandboxes` booted into an empty pool, `concurrency`
 /// at once, on `cores` cores, once per round; `rounds` holds how long each
-/// round took.
+/// round took, `cpu` the host's busy CPU time across each.
 #[derive(Debug, Clone)]
 pub struct Refill {
     pub sandboxes: u32,
     pub cores: u32,
     pub concurrency: u32,
     pub rounds: Vec<std::time::Duration>,
+    pub cpu: Vec<std::time::Duration>,
 }
 
 impl Refill {
@@ -86,6 +87,18 @@ impl Refill {
         let mut r = self.rounds.clone();
         r.sort();
         r.get(r.len() / 2).copied().unwrap_or_default()
+    }
+
+    /// The host's busy CPU time per boot, in ms, median over the rounds
+    /// (the upper one of an even count).
+    pub fn cpu_ms_per_boot(&self) -> f64 {
+        let mut per: Vec<f64> = self
+            .cpu
+            .iter()
+            .map(|d| d.as_secs_f64() * 1000.0 / self.sandboxes.max(1) as f64)
+            .collect();
+        per.sort_by(f64::total_cmp);
+        per.get(per.len() / 2).copied().unwrap_or(f64::NAN)
     }
 
     /// Sandboxes per second per core, of the median round.
@@ -370,7 +383,7 @@ impl Report {
             "machine": self.machine, "versions": self.versions, "command": self.command,
             "measures": measures, "targets": verdicts,
             "density": self.density.as_ref().map(Density::to_json), "notes": self.notes,
-            "refill": self.refill.as_ref().map(|r| json!({"sandboxes": r.sandboxes, "cores": r.cores, "concurrency": r.concurrency, "seconds": r.took().as_secs_f64(), "per_core": r.per_core(), "rounds": r.rounds.iter().map(|d| d.as_secs_f64()).collect::<Vec<_>>()})),
+            "refill": self.refill.as_ref().map(|r| json!({"sandboxes": r.sandboxes, "cores": r.cores, "concurrency": r.concurrency, "seconds": r.took().as_secs_f64(), "per_core": r.per_core(), "cpu_ms_per_boot": r.cpu_ms_per_boot(), "cpu_seconds": r.cpu.iter().map(|d| d.as_secs_f64()).collect::<Vec<_>>(), "rounds": r.rounds.iter().map(|d| d.as_secs_f64()).collect::<Vec<_>>()})),
             "load": self.load.as_ref().map(|l| json!({"clients": l.clients, "total": l.total, "seconds": l.wall.as_secs_f64(), "per_second": l.rate(), "errors": l.errors, "throttled": l.throttled, "from_pool": l.from_pool, "first_error": l.first_error, "host_cpu_ms_per_cycle": l.cpu_ms_per_cycle(), "bwrap": l.peer.as_ref().map(|p| match p {
                 Ok(p) => json!({"runs": p.runs, "at_once": p.concurrency, "seconds": p.wall.as_secs_f64(), "per_second": p.rate(), "host_cpu_ms_per_run": p.cpu_ms_per_run()}),
                 Err(e) => json!({"error": e}),

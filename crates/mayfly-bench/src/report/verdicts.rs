@@ -130,13 +130,14 @@ impl Report {
                     .collect();
                 (
                     format!(
-                        "{per_core:.0}/s per core, median of {} rounds ({}); {} in {:.2} s on {} cores, {} boots at once",
+                        "{per_core:.0}/s per core, median of {} rounds ({}); {} in {:.2} s on {} cores, {} boots at once; {:.2} ms of host CPU per boot",
                         r.rounds.len(),
                         rounds.join(", "),
                         r.sandboxes,
                         r.took().as_secs_f64(),
                         r.cores,
-                        r.concurrency
+                        r.concurrency,
+                        r.cpu_ms_per_boot()
                     ),
                     per_core >= 200.0,
                 )
