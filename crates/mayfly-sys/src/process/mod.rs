@@ -373,12 +373,37 @@ pub fn set_title(title: &str) {
         // Only the calling thread's name; these helpers are single-threaded.
         let _ = nix::sys::prctl::set_name(&name);
     }
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    // Read once per address space: a process forked after the first call
+    // (every stub and init is forked from the zygote, which names itself
+    // first) inherits the answer with the memory it describes.
+    static AREAS: std::sync::OnceLock<Option<[(usize, usize); 2]>> = std::sync::OnceLock::new();
+    let Some(areas) = AREAS.get_or_init(title_areas) else {
         return;
     };
-    let Some(close) = stat.rfind(')') else {
-        return;
-    };
+    for &(start, end) in areas {
+        if start == 0 || end <= start || end - start > 1 << 20 {
+            continue;
+        }
+        // SAFETY: [start, end) is this process's own argument (or
+        // environment) string area on its initial stack, as reported by the
+        // kernel (to this process, or to the one it was forked from, whose
+        // memory it copies); it is mapped and writable for the life of the
+        // process, and nothing else in this single-threaded process uses it
+        // any more.
+        let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+        area.fill(0);
+        if start == areas[0].0 {
+            let n = title.len().min(area.len().saturating_sub(1));
+            area[..n].copy_from_slice(&title.as_bytes()[..n]);
+        }
+    }
+}
+
+/// The argument and environment string areas of this process's initial
+/// stack, from `/proc/self/stat` (fields 48–51).
+fn title_areas() -> Option<[(usize, usize); 2]> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let close = stat.rfind(')')?;
     // Fields after the command name start at field 3; arg_start is field 48.
     let f: Vec<usize> = stat[close + 2..]
         .split(' ')
@@ -387,23 +412,9 @@ pub fn set_title(title: &str) {
         .filter_map(|x| x.trim().parse().ok())
         .collect();
     let [arg_start, arg_end, env_start, env_end] = f[..] else {
-        return;
+        return None;
     };
-    for (start, end) in [(arg_start, arg_end), (env_start, env_end)] {
-        if start == 0 || end <= start || end - start > 1 << 20 {
-            continue;
-        }
-        // SAFETY: [start, end) is this process's own argument (or
-        // environment) string area on its initial stack, as reported by the
-        // kernel; it is mapped and writable for the life of the process, and
-        // nothing else in this single-threaded process uses it any more.
-        let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
-        area.fill(0);
-        if start == arg_start {
-            let n = title.len().min(area.len().saturating_sub(1));
-            area[..n].copy_from_slice(&title.as_bytes()[..n]);
-        }
-    }
+    Some([(arg_start, arg_end), (env_start, env_end)])
 }
 
 #[cfg(test)]
