@@ -102,31 +102,93 @@ impl ExecSpec {
 /// Room for the child's few frames of raw system calls.
 const STACK: usize = 64 * 1024;
 
-/// Starts `spec`'s command. Returns its pid once it has called `execve`,
-/// or the failure code its child stored (the child has then exited with
-/// 127, and the caller reaps it like any child).
+/// The stack [`spawn`]'s child runs on: mapped once and reused by every
+/// spawn of its owner, with an inaccessible guard page below it, so that an
+/// overflow faults instead of writing into the caller's memory.
+///
+/// One stack is enough for any number of spawns: `CLONE_VFORK` suspends
+/// the caller until the child has exec'd or exited, and [`spawn`] borrows
+/// the stack mutably, so no two children ever share it. Mapping it once
+/// (rather than allocating and zeroing 64 KiB per spawn) also keeps a
+/// sandbox's first exec from copying the heap pages init inherited from its
+/// parent: zeroing them was 15 copy-on-write faults, measured.
+#[derive(Debug)]
+pub struct ChildStack {
+    base: *mut c_void,
+    len: usize,
+}
+
+impl ChildStack {
+    /// Maps the stack and its guard page, and touches its top page (the
+    /// only one a child normally uses), so that cost is paid here, ahead.
+    pub fn new() -> std::io::Result<ChildStack> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .unwrap_or(4096)
+            .max(4096);
+        let len = STACK + page;
+        // SAFETY: a fresh private anonymous mapping at an address the kernel
+        // picks; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stack = ChildStack { base, len };
+        // SAFETY: the first page of the mapping made above.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the last word of the mapping's top page, which is mapped
+        // read-write above and not shared with anything.
+        unsafe { std::ptr::write_volatile((stack.top() - 8) as *mut u64, 0) };
+        Ok(stack)
+    }
+
+    /// The initial stack pointer: the mapping's (16-byte aligned) end.
+    fn top(&self) -> usize {
+        (self.base as usize + self.len) & !15
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, which no child uses any more
+        // (a spawn borrows the stack until its child has exec'd or exited).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// Starts `spec`'s command on `stack`. Returns its pid once it has called
+/// `execve`, or the failure code its child stored (the child has then exited
+/// with 127, and the caller reaps it like any child).
 ///
 /// # Safety
 ///
 /// The descriptors named in `spec` must stay open until this returns. The
-/// child touches nothing but `spec` and its own stack, so other threads of
-/// the caller (there are none in init) may go on running.
-pub unsafe fn spawn(spec: &ExecSpec) -> Result<i32, SpawnError> {
-    let mut stack = vec![0u8; STACK];
-    // The stack grows down: start at its (16-byte aligned) top.
-    let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+/// child touches nothing but `spec` and `stack`, so other threads of the
+/// caller (there are none in init) may go on running.
+pub unsafe fn spawn(spec: &ExecSpec, stack: &mut ChildStack) -> Result<i32, SpawnError> {
     // SAFETY: `child` never returns into Rust code of this process; it runs
-    // on `stack`, which outlives it (CLONE_VFORK suspends this thread until
-    // the child has exec'd or exited), and reads `spec` only.
+    // on `stack`, which is borrowed for this whole call (CLONE_VFORK
+    // suspends this thread until the child has exec'd or exited), and reads
+    // `spec` only.
     let pid = unsafe {
         libc::clone(
             child,
-            top as *mut c_void,
+            stack.top() as *mut c_void,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             spec as *const ExecSpec as *mut c_void,
         )
     };
-    drop(stack);
     if pid < 0 {
         return Err(SpawnError::Clone(
             std::io::Error::last_os_error()
@@ -330,8 +392,9 @@ mod tests {
             argv.iter().map(|a| c(a)).collect(),
             vec![c("GREETING=hello")],
         );
+        let mut stack = ChildStack::new().unwrap();
         // SAFETY: the descriptors outlive the call.
-        let r = unsafe { spawn(&spec) };
+        let r = unsafe { spawn(&spec, &mut stack) };
         drop(write);
         let mut out = String::new();
         read.read_to_string(&mut out).unwrap();
@@ -343,6 +406,49 @@ mod tests {
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn a_child_stack_has_a_guard_page_below_it_and_is_reused() {
+        let mut stack = ChildStack::new().unwrap();
+        let base = stack.base as usize;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let perms = |addr: usize| {
+            maps.lines()
+                .find(|l| {
+                    let (range, _) = l.split_once(' ').unwrap();
+                    let (lo, hi) = range.split_once('-').unwrap();
+                    let (lo, hi) = (
+                        usize::from_str_radix(lo, 16).unwrap(),
+                        usize::from_str_radix(hi, 16).unwrap(),
+                    );
+                    (lo..hi).contains(&addr)
+                })
+                .map(|l| l.split_whitespace().nth(1).unwrap().to_owned())
+        };
+        assert_eq!(perms(base).as_deref(), Some("---p"), "the guard page");
+        assert_eq!(perms(stack.top() - 8).as_deref(), Some("rw-p"), "the stack");
+        // Two spawns on the one stack, one after the other.
+        for _ in 0..2 {
+            let spec = ExecSpec::new(
+                [0, 1, 2],
+                Vec::new(),
+                crate::hardening::command_cap_masks(&[
+                    crate::hardening::Capability::CAP_SETGID,
+                    crate::hardening::Capability::CAP_SETUID,
+                ])
+                .unwrap(),
+                // SAFETY: plain getters.
+                unsafe { (libc::getuid(), libc::getgid()) },
+                c("/"),
+                vec![c("/bin/true")],
+                vec![c("true")],
+                Vec::new(),
+            );
+            // SAFETY: this process's own stdio stays open.
+            let pid = unsafe { spawn(&spec, &mut stack) }.expect("spawned");
+            assert_eq!(reap(pid), 0);
+        }
     }
 
     #[test]

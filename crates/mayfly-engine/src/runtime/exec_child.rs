@@ -12,30 +12,33 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use mayfly_sys::spawn::{self, stage, CapMasks, ExecSpec, SpawnError, CHDIR_FLAG};
+use mayfly_sys::spawn::{self, stage, CapMasks, ChildStack, ExecSpec, SpawnError, CHDIR_FLAG};
 
 use super::init::resolve_program;
 use super::proto::{SpawnCommand, SpawnPlan};
 
-/// What every exec of one sandbox shares, computed once when init starts.
+/// What every exec of one sandbox shares, made once when init starts: the
+/// limits, the capability sets, and the stack its children run on.
 pub struct ExecSetup {
     rlimits: Vec<(i32, u64, u64)>,
     caps: CapMasks,
+    stack: ChildStack,
 }
 
 impl ExecSetup {
-    pub fn new(plan: &SpawnPlan, caps: CapMasks) -> Self {
-        ExecSetup {
+    pub fn new(plan: &SpawnPlan, caps: CapMasks) -> std::io::Result<Self> {
+        Ok(ExecSetup {
             rlimits: plan.rlimits.clone(),
             caps,
-        }
+            stack: ChildStack::new()?,
+        })
     }
 }
 
 /// Starts `cmd` with `fds` as stdin, stdout and stderr. Returns the pid once
 /// the exec has succeeded, or the errno and the failing stage.
 pub fn exec_command(
-    setup: &ExecSetup,
+    setup: &mut ExecSetup,
     cmd: &SpawnCommand,
     fds: &[OwnedFd],
 ) -> Result<i32, (i32, String)> {
@@ -76,7 +79,7 @@ pub fn exec_command(
     );
     // SAFETY: init is single-threaded, and `fds` stay open until this
     // returns.
-    match unsafe { spawn::spawn(&spec) } {
+    match unsafe { spawn::spawn(&spec, &mut setup.stack) } {
         Ok(pid) => Ok(pid),
         Err(SpawnError::Clone(_)) => Err((libc::EAGAIN, "fork".into())),
         // The child has exited; init's SIGCHLD handling reaps it (it is not

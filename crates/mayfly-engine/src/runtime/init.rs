@@ -120,7 +120,9 @@ fn serve(plan: &SpawnPlan, ctl: OwnedFd, caps: mayfly_sys::spawn::CapMasks) -> !
         Ok(s) => s,
         Err(_) => process::exit_now(2),
     };
-    let setup = ExecSetup::new(plan, caps);
+    let Ok(mut setup) = ExecSetup::new(plan, caps) else {
+        process::exit_now(2)
+    };
     let mut running: HashMap<i32, Running> = HashMap::new();
     let mut buf = Vec::new();
     loop {
@@ -148,7 +150,7 @@ fn serve(plan: &SpawnPlan, ctl: OwnedFd, caps: mayfly_sys::spawn::CapMasks) -> !
                 Err(_) => process::exit_now(0),
             };
             match serde_json::from_slice::<InitRequest>(&buf) {
-                Ok(InitRequest::Spawn(cmd)) => spawn(&ctl, &setup, &cmd, fds, &mut running),
+                Ok(InitRequest::Spawn(cmd)) => spawn(&ctl, &mut setup, &cmd, fds, &mut running),
                 Ok(InitRequest::Signal {
                     handle,
                     signal,
@@ -170,7 +172,7 @@ fn serve(plan: &SpawnPlan, ctl: OwnedFd, caps: mayfly_sys::spawn::CapMasks) -> !
 
 fn spawn(
     ctl: &OwnedFd,
-    setup: &ExecSetup,
+    setup: &mut ExecSetup,
     cmd: &SpawnCommand,
     fds: Vec<OwnedFd>,
     running: &mut HashMap<i32, Running>,
