@@ -44,6 +44,17 @@ pub async fn settle_pool(
     ready: u32,
     limit: Duration,
 ) -> anyhow::Result<Duration> {
+    settle_pool_every(c, name, ready, Duration::from_millis(2), limit).await
+}
+
+/// [`settle_pool`], looking at the pool every `every`.
+async fn settle_pool_every(
+    c: &Client,
+    name: &str,
+    ready: u32,
+    every: Duration,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
     let t = Instant::now();
     loop {
         let pools = call("listing pools", c.pools()).await?;
@@ -54,7 +65,7 @@ pub async fn settle_pool(
         if t.elapsed() > limit {
             bail!("pool {name} did not reach {ready} ready within {limit:?}: {p:?}");
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -143,7 +154,7 @@ pub async fn refill(
         let cpu0 = HostCpu::now()?;
         let start = std::time::SystemTime::now();
         set_pool(c, target, conc).await?;
-        poll_pool(c, POOL, target, REFILL_POLL, Duration::from_secs(120)).await?;
+        settle_pool_every(c, POOL, target, REFILL_POLL, Duration::from_secs(120)).await?;
         cpu.push(HostCpu::now()?.since(cpu0));
         let last = last_ready(c, since, target).await?;
         took.push(
@@ -187,29 +198,6 @@ async fn idle_host(cores: u32, limit: Duration) -> anyhow::Result<bool> {
 /// the daemon serves on the cores the boots need; the end time comes from
 /// the events, so a coarse poll costs no precision.
 const REFILL_POLL: Duration = Duration::from_millis(50);
-
-/// Waits until pool `name` holds at least `ready` and boots nothing,
-/// looking every `every`.
-async fn poll_pool(
-    c: &Client,
-    name: &str,
-    ready: u32,
-    every: Duration,
-    limit: Duration,
-) -> anyhow::Result<()> {
-    let t = Instant::now();
-    loop {
-        tokio::time::sleep(every).await;
-        let pools = call("listing pools", c.pools()).await?;
-        let p = pools.iter().find(|p| p.name == name);
-        if p.is_some_and(|p| p.ready >= ready && p.filling == 0) {
-            return Ok(());
-        }
-        if t.elapsed() > limit {
-            bail!("pool {name} did not reach {ready} ready within {limit:?}: {p:?}");
-        }
-    }
-}
 
 /// Waits until the daemon records no lifecycle event for `still`; returns
 /// the sequence number of its last event.

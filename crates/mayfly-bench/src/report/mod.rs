@@ -84,27 +84,28 @@ impl Refill {
     /// The median round (the upper one of an even count, so never the
     /// faster of two).
     pub fn took(&self) -> std::time::Duration {
-        let mut r = self.rounds.clone();
-        r.sort();
-        r.get(r.len() / 2).copied().unwrap_or_default()
+        let secs = upper_median(self.rounds.iter().map(|d| d.as_secs_f64()));
+        std::time::Duration::try_from_secs_f64(secs).unwrap_or_default()
     }
 
     /// The host's busy CPU time per boot, in ms, median over the rounds
     /// (the upper one of an even count).
     pub fn cpu_ms_per_boot(&self) -> f64 {
-        let mut per: Vec<f64> = self
-            .cpu
-            .iter()
-            .map(|d| d.as_secs_f64() * 1000.0 / self.sandboxes.max(1) as f64)
-            .collect();
-        per.sort_by(f64::total_cmp);
-        per.get(per.len() / 2).copied().unwrap_or(f64::NAN)
+        let boots = self.sandboxes.max(1) as f64;
+        upper_median(self.cpu.iter().map(|d| d.as_secs_f64() * 1000.0 / boots))
     }
 
     /// Sandboxes per second per core, of the median round.
     pub fn per_core(&self) -> f64 {
         self.sandboxes as f64 / self.took().as_secs_f64() / self.cores.max(1) as f64
     }
+}
+
+/// The median of `v` (the upper one of an even count); NaN when empty.
+fn upper_median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Everything one run measured.

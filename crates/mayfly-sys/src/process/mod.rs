@@ -380,7 +380,7 @@ pub fn set_title(title: &str) {
     let Some(areas) = AREAS.get_or_init(title_areas) else {
         return;
     };
-    for &(start, end) in areas {
+    for (i, &(start, end)) in areas.iter().enumerate() {
         if start == 0 || end <= start || end - start > 1 << 20 {
             continue;
         }
@@ -392,7 +392,8 @@ pub fn set_title(title: &str) {
         // any more.
         let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
         area.fill(0);
-        if start == areas[0].0 {
+        // The first area is the command line: it shows the title.
+        if i == 0 {
             let n = title.len().min(area.len().saturating_sub(1));
             area[..n].copy_from_slice(&title.as_bytes()[..n]);
         }
