@@ -29,14 +29,18 @@ pub fn app(api: Arc<dyn SandboxApi>, opts: ServerOptions) -> Router {
         api,
         opts: Arc::new(opts),
     };
-    table()
+    let api = table()
         .router
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,
-        ))
+        ));
+    // The dashboard's static files are outside authentication: they hold no
+    // data, and the page sends the caller's token with its API calls.
+    crate::dashboard::router()
+        .merge(api)
         .layer(middleware::from_fn(log_internal_errors))
         .layer(middleware::from_fn(catch_panic))
         .with_state(state)

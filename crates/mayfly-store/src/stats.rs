@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 
 use mayfly_types::{
-    ExecCounts, Percentiles, SpinUp, StatsReport, TaskStats, TaskWindow, UnixMillis, TASK_WINDOW_MS,
+    ExecCounts, Percentiles, SpinUp, SpinUpWindow, StatsReport, TaskStats, TaskWindow, UnixMillis,
+    TASK_WINDOW_MS,
 };
 use rusqlite::params;
 
@@ -49,6 +50,8 @@ impl Store {
         let since = until.saturating_sub(q.window_ms);
         let mut tasks: BTreeMap<Option<String>, TaskAcc> = BTreeMap::new();
         let (mut all, mut cold, mut pool) = (Vec::new(), Vec::new(), Vec::new());
+        // Window start → (cold, pool) samples.
+        let mut spin_windows: BTreeMap<UnixMillis, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
         let mut execs = ExecCounts::default();
         let conn = self.conn();
         let filter = format!("(?3 IS NULL OR tenant = ?3) AND (?4 IS NULL OR {TASK} = ?4)");
@@ -65,6 +68,8 @@ impl Store {
             let from_pool: bool = c.get(4, "pool")?;
             all.push(ms);
             if from_pool { &mut pool } else { &mut cold }.push(ms);
+            let w = spin_windows.entry(window_of(at)).or_default();
+            if from_pool { &mut w.1 } else { &mut w.0 }.push(ms);
             let acc = tasks.entry(task).or_default();
             acc.iterations += 1;
             acc.windows.entry(window_of(at)).or_default().0 += 1;
@@ -111,6 +116,14 @@ impl Store {
                 cold: percentiles(&mut cold),
                 pool: percentiles(&mut pool),
             },
+            spin_up_windows: spin_windows
+                .into_iter()
+                .map(|(start, (mut cold, mut pool))| SpinUpWindow {
+                    start,
+                    cold: percentiles(&mut cold),
+                    pool: percentiles(&mut pool),
+                })
+                .collect(),
             execs,
             tasks,
         })

@@ -60,8 +60,8 @@ pub use tenant::{
     MAX_COUNT_QUOTA, MAX_TENANT_NAME, MAX_TOTAL_QUOTA,
 };
 pub use usage::{
-    DiskUsage, ExecCounts, Percentiles, SandboxUsage, SpinUp, StatsReport, TaskStats, TaskWindow,
-    TASK_LABEL, TASK_WINDOW_MS,
+    DiskUsage, ExecCounts, Percentiles, SandboxUsage, SpinUp, SpinUpWindow, StatsReport, TaskStats,
+    TaskWindow, TASK_LABEL, TASK_WINDOW_MS,
 };
 
 /// Milliseconds since the Unix epoch; the one time unit on the wire.

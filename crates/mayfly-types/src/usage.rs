@@ -106,6 +106,18 @@ pub struct TaskStats {
     pub windows: Vec<TaskWindow>,
 }
 
+/// Spin-up percentiles of the creates in one five-minute window: the P50
+/// and P95 over time that a dashboard plots.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SpinUpWindow {
+    /// The window's start (a multiple of five minutes since the epoch).
+    pub start: UnixMillis,
+    /// Booted on request.
+    pub cold: Percentiles,
+    /// Claimed from a warm pool.
+    pub pool: Percentiles,
+}
+
 /// `GET /v1/stats`: evidence over a window of time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StatsReport {
@@ -117,6 +129,10 @@ pub struct StatsReport {
     /// The `task` label the report is restricted to, if any.
     pub task: Option<String>,
     pub spin_up: SpinUp,
+    /// Spin-up percentiles per five-minute window, for the windows with at
+    /// least one create, oldest first.
+    #[serde(default)]
+    pub spin_up_windows: Vec<SpinUpWindow>,
     pub execs: ExecCounts,
     /// One entry per `task` label, by label (no label last).
     pub tasks: Vec<TaskStats>,

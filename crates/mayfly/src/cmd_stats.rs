@@ -60,6 +60,33 @@ fn write_report(out: &mut dyn std::io::Write, r: &StatsReport) -> std::io::Resul
     line(out, "all", &r.spin_up.all)?;
     line(out, "cold", &r.spin_up.cold)?;
     line(out, "pool", &r.spin_up.pool)?;
+    if !r.spin_up_windows.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{:<22} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9}",
+            format!("WINDOW ({}M)", r.window_secs / 60),
+            "COLD_N",
+            "COLD_P50",
+            "COLD_P95",
+            "POOL_N",
+            "POOL_P50",
+            "POOL_P95"
+        )?;
+        for w in &r.spin_up_windows {
+            writeln!(
+                out,
+                "{:<22} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9}",
+                time(w.start),
+                w.cold.count,
+                ms(w.cold.p50_ms),
+                ms(w.cold.p95_ms),
+                w.pool.count,
+                ms(w.pool.p50_ms),
+                ms(w.pool.p95_ms)
+            )?;
+        }
+    }
     writeln!(out)?;
     let e = &r.execs;
     writeln!(
@@ -112,7 +139,7 @@ fn write_report(out: &mut dyn std::io::Write, r: &StatsReport) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mayfly_types::{TaskStats, TaskWindow};
+    use mayfly_types::{SpinUpWindow, TaskStats, TaskWindow};
 
     #[test]
     fn the_report_prints_percentiles_and_every_task_window() {
@@ -122,6 +149,17 @@ mod tests {
             window_secs: 300,
             task: None,
             spin_up: Default::default(),
+            spin_up_windows: vec![SpinUpWindow {
+                start: 1_700_000_100_000,
+                cold: Percentiles::default(),
+                pool: Percentiles {
+                    count: 2,
+                    p50_ms: Some(0.2),
+                    p95_ms: Some(0.75),
+                    p99_ms: Some(0.75),
+                    max_ms: Some(0.75),
+                },
+            }],
             execs: Default::default(),
             tasks: vec![TaskStats {
                 task: Some("fix-bug-42".into()),
@@ -156,5 +194,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("iterations     2  execs      5"), "{text}");
+        assert!(
+            text.contains(
+                "2023-11-14T22:15:00Z         0         -         -       2      0.20      0.75"
+            ),
+            "{text}"
+        );
     }
 }

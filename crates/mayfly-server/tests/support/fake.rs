@@ -474,6 +474,7 @@ impl SandboxApi for FakeEngine {
             window_secs: 300,
             task: task.map(str::to_owned),
             spin_up: Default::default(),
+            spin_up_windows: Vec::new(),
             execs: Default::default(),
             tasks: Vec::new(),
         })

@@ -193,6 +193,26 @@ fn a_window_reports_spin_up_execs_and_iterations_by_task() {
     assert_eq!(r.spin_up.all, p(6, 4.0, 10.0, 10.0, 10.0));
     assert_eq!(r.spin_up.cold, p(5, 6.0, 10.0, 10.0, 10.0));
     assert_eq!(r.spin_up.pool, p(1, 0.5, 0.5, 0.5, 0.5));
+    // Per window: 1_800_000 holds 4; 2_100_000 holds 2, 10 and acme's 7;
+    // 3_000_000 the claim (0.5, pool) and 6.
+    let none = Percentiles::default();
+    let windows: Vec<_> = r
+        .spin_up_windows
+        .iter()
+        .map(|w| (w.start, w.cold, w.pool))
+        .collect();
+    assert_eq!(
+        windows,
+        [
+            (1_800_000, p(1, 4.0, 4.0, 4.0, 4.0), none),
+            (2_100_000, p(3, 7.0, 10.0, 10.0, 10.0), none),
+            (
+                3_000_000,
+                p(1, 6.0, 6.0, 6.0, 6.0),
+                p(1, 0.5, 0.5, 0.5, 0.5)
+            ),
+        ]
+    );
     assert_eq!(
         (r.execs.total, r.execs.ok, r.execs.failed, r.execs.timed_out),
         (5, 2, 3, 1)
@@ -230,6 +250,7 @@ fn a_tenant_or_a_task_narrows_every_figure() {
         })
         .unwrap();
     assert_eq!(r.spin_up.all.count, 5, "acme's sandbox is left out");
+    assert_eq!(r.spin_up_windows[1].cold.count, 2, "and from its window");
     assert_eq!(r.tasks[0].iterations, 3);
     assert_eq!(r.tasks[0].windows, [w(1_800_000, 1, 2), w(2_100_000, 2, 2)]);
 
