@@ -36,7 +36,7 @@ use rusqlite::Connection;
 pub use bus::{Subscription, BUS_CAPACITY};
 pub use claims::PoolClaim;
 pub use error::StoreError;
-pub use sandboxes::{SandboxRecord, Transition};
+pub use sandboxes::{SandboxRecord, Transition, PRUNE_BATCH};
 pub use stats::{percentiles, StatsQuery};
 pub use tenants::{constant_time_eq, KeyCheck, NewKey, TenantRecord, TenantRemoval};
 

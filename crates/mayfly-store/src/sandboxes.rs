@@ -352,28 +352,57 @@ impl Store {
     ///
     /// Events older than `before` that belong to no sandbox left in the store
     /// (daemon-wide events, or ones about objects recovery found without a
-    /// record) go too, so the database stays bounded.
+    /// record) go too, so the database stays bounded. Done in batches of
+    /// [`PRUNE_BATCH`] (see [`Store::prune_batch`]).
     pub fn prune(&self, before: UnixMillis) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let n = self.prune_batch(before, PRUNE_BATCH)?;
+            total += n;
+            if n < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// One transaction of [`Store::prune`]: at most `limit` sandboxes (the
+    /// longest ended first) and at most `limit` orphaned events, so the
+    /// write lock is held for a bounded time and creates, claims and execs
+    /// go on between batches. Returns how many sandboxes went; fewer than
+    /// `limit` means nothing older is left.
+    pub fn prune_batch(&self, before: UnixMillis, limit: u64) -> Result<u64, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let old = concat!("ended_at < ?1 AND ", terminal!());
-        tx.prepare_cached(&format!(
-            "DELETE FROM events WHERE sandbox_id IN (SELECT id FROM sandboxes WHERE {old})"
-        ))?
-        .execute([before])?;
-        // Transitions and execs follow through ON DELETE CASCADE.
-        let pruned = tx
-            .prepare_cached(&format!("DELETE FROM sandboxes WHERE {old}"))?
-            .execute([before])?;
+        let ids: Vec<String> = tx
+            .prepare_cached(concat!(
+                "SELECT id FROM sandboxes WHERE ended_at < ?1 AND ",
+                terminal!(),
+                " ORDER BY ended_at LIMIT ?2"
+            ))?
+            .query_map(params![before, limit], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        {
+            let mut events = tx.prepare_cached("DELETE FROM events WHERE sandbox_id = ?1")?;
+            // Transitions and execs follow through ON DELETE CASCADE.
+            let mut sandboxes = tx.prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?;
+            for id in &ids {
+                events.execute([id])?;
+                sandboxes.execute([id])?;
+            }
+        }
         tx.prepare_cached(
-            "DELETE FROM events WHERE at < ?1 AND (sandbox_id IS NULL OR NOT EXISTS \
-             (SELECT 1 FROM sandboxes s WHERE s.id = events.sandbox_id))",
+            "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE at < ?1 AND \
+             (sandbox_id IS NULL OR NOT EXISTS \
+             (SELECT 1 FROM sandboxes s WHERE s.id = events.sandbox_id)) LIMIT ?2)",
         )?
-        .execute([before])?;
+        .execute(params![before, limit])?;
         tx.commit()?;
-        Ok(pruned as u64)
+        Ok(ids.len() as u64)
     }
 }
+
+/// Sandboxes [`Store::prune`] removes per transaction.
+pub const PRUNE_BATCH: u64 = 500;
 
 /// The lowest slot below `max` that no live sandbox holds and `lease`
 /// accepts.

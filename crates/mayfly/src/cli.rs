@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use mayfly_client::Client;
 use mayfly_types::{CreateRequest, Limits, TemplateRef};
 
-pub use crate::parse::{parse_kv, parse_size};
+pub use crate::parse::{parse_history, parse_kv, parse_size, History};
 
 mod serve;
 pub use serve::{ServeArgs, ShutdownMode};

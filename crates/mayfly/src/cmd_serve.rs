@@ -26,6 +26,7 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
             per_artifact: a.artifact_max_file_bytes,
             per_sandbox: a.artifact_max_sandbox_bytes,
         },
+        history: a.history.0,
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;

@@ -31,9 +31,38 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
+/// How long `mayfly serve` keeps ended sandboxes' history: a duration of
+/// at least a minute, or `forever` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct History(pub Option<std::time::Duration>);
+
+pub fn parse_history(s: &str) -> Result<History, String> {
+    if s.trim() == "forever" {
+        return Ok(History(None));
+    }
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is neither a duration like 30d nor `forever`: {e}"))?;
+    if d < std::time::Duration::from_secs(60) {
+        return Err(format!(
+            "`{s}` is under a minute: keep at least 1m, or `forever`"
+        ));
+    }
+    Ok(History(Some(d)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn history_is_a_duration_of_a_minute_or_more_or_forever() {
+        let day = std::time::Duration::from_secs(86_400);
+        assert_eq!(parse_history("30d"), Ok(History(Some(30 * day))));
+        assert_eq!(parse_history("forever"), Ok(History(None)));
+        assert!(parse_history("30s").unwrap_err().contains("under a minute"));
+        assert!(parse_history("0").is_err());
+        assert!(parse_history("soon").unwrap_err().contains("neither"));
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

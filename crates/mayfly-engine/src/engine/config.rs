@@ -58,7 +58,13 @@ pub struct EngineConfig {
     pub artifact_retention: crate::artifacts::Retention,
     /// Size caps of one sandbox's artifact collection.
     pub artifact_caps: crate::artifacts::Caps,
+    /// How long an ended sandbox's record, transitions, exec audit and
+    /// events are kept (see `engine::history`). None: forever.
+    pub history: Option<Duration>,
 }
+
+/// The history kept by default: 30 days.
+const DEFAULT_HISTORY: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The host-wide directory of spare namespaces for daemonless runs.
 pub const DEFAULT_SPARE_NS_DIR: &str = "/run/mayfly/spare-ns";
@@ -87,6 +93,7 @@ impl Default for EngineConfig {
             template_egress: Vec::new(),
             artifact_retention: Default::default(),
             artifact_caps: Default::default(),
+            history: Some(DEFAULT_HISTORY),
         }
     }
 }

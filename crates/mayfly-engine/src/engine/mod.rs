@@ -10,6 +10,7 @@ mod destroy;
 mod early;
 mod exec;
 mod gateway;
+mod history;
 mod leases;
 mod lifecycle;
 mod network;
@@ -232,8 +233,8 @@ impl Engine {
         &self.inner.cfg
     }
 
-    /// Starts the TTL reaper and fills the stub pool. Call once, inside the
-    /// tokio runtime.
+    /// Starts the TTL reaper, artifact retention and history pruning, and
+    /// fills the stub pool. Call once, inside the tokio runtime.
     pub fn start_background(&self) {
         self.refill_stubs();
         for (name, spec) in self.inner.cfg.pools.clone() {
@@ -249,6 +250,17 @@ impl Engine {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
                 Engine { inner }.enforce_retention().await;
+            }
+        });
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(history::PRUNE_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                if let Err(e) = (Engine { inner }).prune_history().await {
+                    tracing::warn!(error = %e, "pruning the store's history failed");
+                }
             }
         });
         let weak = Arc::downgrade(&self.inner);

@@ -11,6 +11,9 @@ const REFRESH_MS = 3000;
 const USAGE_MAX = 25;
 const EVENTS_KEPT = 50;
 const TOKEN_KEY = "mayfly.token";
+// A report over a longer window costs the daemon more (it reads every create
+// and exec in it) and changes more slowly: it is read less often.
+const STATS_EVERY_MS = { "1h": 3000, "6h": 10000, "24h": 30000, "7d": 60000 };
 
 const $ = (id) => document.getElementById(id);
 
@@ -324,17 +327,24 @@ function needToken(err) {
 }
 
 let timer = null;
+// The last stats report read: its query and when.
+const statsCache = { path: null, at: 0 };
 
 async function refresh() {
   clearTimeout(timer);
   const q = new URLSearchParams({ window: $("window").value });
   const task = $("task").value.trim();
   if (task) q.set("task", task);
+  const statsPath = "/v1/stats?" + q.toString();
+  const due =
+    statsCache.path !== statsPath ||
+    Date.now() - statsCache.at >= (STATS_EVERY_MS[$("window").value] || REFRESH_MS);
   const [stats, pools, sandboxes] = await Promise.allSettled([
-    getJson("/v1/stats?" + q.toString()),
+    due ? getJson(statsPath) : Promise.resolve(null),
     getJson("/v1/pools"),
     getJson("/v1/sandboxes"),
   ]);
+  if (due && stats.status === "fulfilled") Object.assign(statsCache, { path: statsPath, at: Date.now() });
   const failures = [stats, pools, sandboxes].filter((r) => r.status === "rejected").map((r) => r.reason);
   const unauth = failures.find((e) => e instanceof ApiError && e.status === 401);
   if (unauth) {
@@ -344,7 +354,7 @@ async function refresh() {
   $("login").hidden = true;
   $("main").hidden = false;
   $("signout").hidden = !session.token;
-  if (stats.status === "fulfilled") showStats(stats.value);
+  if (stats.status === "fulfilled" && stats.value) showStats(stats.value);
   if (pools.status === "fulfilled") showPools(pools.value);
   else if (pools.reason instanceof ApiError && pools.reason.status === 403) {
     fill("pools", []);

@@ -228,6 +228,63 @@ fn prune_removes_only_old_terminal_sandboxes_and_their_rows() {
 }
 
 #[test]
+fn prune_batches_take_the_longest_ended_first_and_stop_at_their_limit() {
+    let (store, clock) = clocked_store();
+    // Five sandboxes ending at 110, 120, … 150, each with an event; and
+    // three old events of no sandbox.
+    for n in 1..=5 {
+        clock.set(50);
+        store.insert_sandbox(&record(id(n), 0), 8).unwrap();
+        store
+            .add_event(Some(&id(n)), "created", &json!({}))
+            .unwrap();
+        clock.set(100 + 10 * n);
+        store
+            .transition(&id(n), SandboxState::Failed, Some("boom"))
+            .unwrap();
+    }
+    for _ in 0..3 {
+        store.add_event(None, "tick", &json!(null)).unwrap();
+    }
+    clock.set(1000);
+    let left = |store: &Store| -> Vec<_> {
+        let mut v: Vec<_> = store
+            .list_sandboxes(true)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(store.prune_batch(500, 2).unwrap(), 2);
+    assert_eq!(
+        left(&store),
+        [id(3), id(4), id(5)],
+        "the two that ended first"
+    );
+    // Two of the three orphaned events went with the first batch.
+    let orphans = |store: &Store| {
+        store
+            .events(0, 100)
+            .unwrap()
+            .iter()
+            .filter(|e| e.sandbox_id.is_none())
+            .count()
+    };
+    assert_eq!(orphans(&store), 1);
+    assert_eq!(store.prune_batch(500, 2).unwrap(), 2);
+    assert_eq!(
+        store.prune_batch(500, 2).unwrap(),
+        1,
+        "fewer than the limit: done"
+    );
+    assert!(left(&store).is_empty());
+    assert_eq!(store.events(0, 100).unwrap().len(), 0);
+    assert_eq!(store.prune_batch(500, 2).unwrap(), 0);
+}
+
+#[test]
 fn event_seqs_are_never_reused_after_prune() {
     let (store, clock) = clocked_store();
     clock.set(10);

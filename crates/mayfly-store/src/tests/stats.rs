@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use mayfly_types::{ExecAudit, Percentiles, TaskWindow};
 
 use super::{clocked_store, id, record};
-use crate::stats::{window_of, windows_spanned};
+use crate::stats::{creates_sql, execs_sql, window_of, windows_spanned};
 use crate::{percentiles, StatsQuery, Store};
 
 #[test]
@@ -49,6 +49,31 @@ fn percentiles_are_nearest_rank_over_every_sample() {
             ..Percentiles::default()
         }
     );
+}
+
+#[test]
+fn stats_read_their_window_through_an_index_not_a_table_scan() {
+    let (store, _) = clocked_store();
+    let plan = |sql: &str| -> String {
+        let conn = store.conn();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt
+            .query_map(
+                rusqlite::params![0, 1, None::<String>, None::<String>],
+                |r| r.get::<_, String>(3),
+            )
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        rows.join("; ")
+    };
+    let creates = plan(&creates_sql());
+    assert!(
+        creates.contains("USING INDEX sandboxes_counted_at"),
+        "{creates}"
+    );
+    let execs = plan(&execs_sql());
+    assert!(execs.contains("USING INDEX execs_at"), "{execs}");
 }
 
 #[test]

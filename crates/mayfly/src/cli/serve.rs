@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{parse_kv, parse_size};
+use super::{parse_history, parse_kv, parse_size, History};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -85,6 +85,12 @@ pub struct ServeArgs {
     /// The most bytes one sandbox's artifacts may store together.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
     pub artifact_max_sandbox_bytes: u64,
+    /// How long an ended sandbox's record, exec audit and events stay in the
+    /// store (what `stats`, `audit` and `events` read), e.g. 30d, or
+    /// `forever`. Pruned at start and every 10 minutes; live sandboxes are
+    /// never pruned.
+    #[arg(long, default_value = "30d", value_parser = parse_history)]
+    pub history: History,
 }
 
 /// What the daemon does with live sandboxes when asked to stop.

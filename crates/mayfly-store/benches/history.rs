@@ -1,0 +1,156 @@
+//! How the store's history costs as it grows: `stats` over 1 hour, 1 day and
+//! 7 days, and `prune` (batched), on a store of a week of sandboxes.
+//!
+//! `cargo bench -p mayfly-store --bench history [-- SANDBOXES]` (default
+//! 100,000: one every 6 s for 7 days, each with two execs, all ended). The
+//! store is a file in a temporary directory (put TMPDIR on a tmpfs to leave
+//! the disk out). Prints medians; it is a benchmark, not a test.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use mayfly_store::{SandboxRecord, StatsQuery, Store, PRUNE_BATCH};
+use mayfly_types::{ExecAudit, ResolvedLimits, SandboxId, SandboxState};
+
+const WEEK_MS: u64 = 7 * 24 * 3600 * 1000;
+const NOW: u64 = 1_800_000_000_000;
+
+fn id(n: u64) -> SandboxId {
+    let mut bytes = [0u8; 12];
+    for (k, b) in bytes.iter_mut().rev().enumerate() {
+        *b = ((n >> (5 * k)) & 31) as u8;
+    }
+    SandboxId::from_entropy(bytes)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let n: u64 = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .map(|a| a.parse().expect("SANDBOXES is a number"))
+        .unwrap_or(100_000);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let clock = Arc::new(AtomicU64::new(NOW - WEEK_MS));
+    let reader = clock.clone();
+    let store = Store::open(dir.path())
+        .expect("a store")
+        .with_clock(move || reader.load(Ordering::SeqCst));
+
+    let t0 = Instant::now();
+    let step = WEEK_MS / n;
+    for i in 0..n {
+        let at = NOW - WEEK_MS + i * step;
+        clock.store(at, Ordering::SeqCst);
+        let sid = id(i);
+        let rec = SandboxRecord {
+            id: sid.clone(),
+            state: SandboxState::Creating,
+            template: "host".into(),
+            created_at: at,
+            expires_at: at + 600_000,
+            limits: ResolvedLimits::DEFAULT,
+            labels: BTreeMap::from([("task".into(), format!("task-{}", i % 20))]),
+            uid_slot: 0,
+            owner_pid: 1,
+            owner_start: 1,
+            init_pid: None,
+            reason: None,
+            create_ms: None,
+            tenant: Some("default".into()),
+            pool: (i % 2 == 0).then(|| "host".into()),
+            claimed_at: (i % 2 == 0).then_some(at),
+        };
+        store.insert_sandbox(&rec, 1024).expect("insert");
+        store
+            .set_ready_info(&sid, 100, 0.03 + (i % 7) as f64)
+            .expect("ready info");
+        for k in 0..2 {
+            store
+                .record_exec(&ExecAudit {
+                    sandbox_id: sid.to_string(),
+                    at: at + k,
+                    argv: vec!["make".into(), "test".into()],
+                    exit_code: Some(0),
+                    signal: None,
+                    timed_out: false,
+                    error: None,
+                    duration_us: 900,
+                    stdout_bytes: 10,
+                    stderr_bytes: 0,
+                    caller: "unix:uid=0".into(),
+                    kind: None,
+                    output: None,
+                })
+                .expect("exec");
+        }
+        for to in [
+            SandboxState::Ready,
+            SandboxState::Stopping,
+            SandboxState::Destroyed,
+        ] {
+            store.transition(&sid, to, None).expect("transition");
+        }
+    }
+    clock.store(NOW, Ordering::SeqCst);
+    store.checkpoint().expect("checkpoint");
+    let db = std::fs::metadata(dir.path().join("mayfly.db"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    println!(
+        "filled: {n} sandboxes, {} execs, over 7 days in {:.1} s; database {:.1} MiB",
+        2 * n,
+        t0.elapsed().as_secs_f64(),
+        db as f64 / (1 << 20) as f64
+    );
+
+    for (name, window_ms) in [("1h", 3_600_000), ("24h", 86_400_000), ("7d", WEEK_MS)] {
+        let q = StatsQuery {
+            window_ms,
+            ..StatsQuery::default()
+        };
+        let mut times = Vec::new();
+        let mut count = 0;
+        for _ in 0..15 {
+            let t = Instant::now();
+            let r = store.stats(&q).expect("stats");
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            count = r.spin_up.all.count;
+        }
+        println!(
+            "stats over {name:>3}: median {:8.2} ms over 15 runs ({count} creates in the window)",
+            median(times)
+        );
+    }
+
+    // Prune the older half, a batch at a time, as the daemon does.
+    let t = Instant::now();
+    let mut batches = Vec::new();
+    let mut pruned = 0;
+    loop {
+        let b = Instant::now();
+        let k = store
+            .prune_batch(NOW - WEEK_MS / 2, PRUNE_BATCH)
+            .expect("prune");
+        batches.push(b.elapsed().as_secs_f64() * 1000.0);
+        pruned += k;
+        if k < PRUNE_BATCH {
+            break;
+        }
+    }
+    let longest = batches.iter().copied().fold(0.0, f64::max);
+    println!(
+        "prune: {pruned} sandboxes (with their execs, transitions and events) in {:.2} s; \
+         {} batches of at most {PRUNE_BATCH}, median {:.1} ms, longest {:.1} ms",
+        t.elapsed().as_secs_f64(),
+        batches.len(),
+        median(batches),
+        longest
+    );
+}
