@@ -5,8 +5,8 @@
 //! authentication (a browser cannot put a bearer token on a navigation).
 //! The page asks for a token or API key and sends it with every API call it
 //! makes, so it shows exactly what that caller may see: a tenant's key shows
-//! its own sandboxes, and the admin-only pools are refused with 403 as they
-//! are over the API.
+//! its own sandboxes and events (paged, since the live event stream is for
+//! admins).
 //!
 //! A strict Content-Security-Policy allows only these files' own script and
 //! style and requests to the same origin: no inline script, no framing, no

@@ -14,8 +14,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::keys::tenant_client;
 use common::{assert_no_leaks, cmd, test_dir, Daemon};
-use mayfly_types::{CreateRequest, Limits, SandboxSource};
+use mayfly_types::{CreateRequest, Limits, SandboxSource, TenantQuotas};
 
 /// A `task` label that would run script if it were ever put in as markup.
 const HOSTILE: &str = "<img src=x onerror=\"document.title='owned'\">";
@@ -43,11 +44,11 @@ fn free_port() -> u16 {
 }
 
 /// Runs the page check; returns what it saw, or fails with its stderr.
-fn check_page(base: &str, token: &str, id: &str) -> serde_json::Value {
+fn check_page(args: &[&str]) -> serde_json::Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/dashboard/check.cjs");
     let mut child = Command::new("node")
         .arg(&script)
-        .args([base, token, id, "fix-42", HOSTILE])
+        .args(args)
         .env("MAYFLY_NODE_MODULES", node_modules())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -132,7 +133,7 @@ async fn the_dashboard_shows_what_the_daemon_holds_and_follows_its_events() {
     let base = format!("http://{addr}");
     let seen = tokio::task::spawn_blocking({
         let (base, id) = (base.clone(), pooled.id.to_string());
-        move || check_page(&base, token, &id)
+        move || check_page(&["admin", &base, token, &id, "fix-42", HOSTILE])
     })
     .await
     .expect("the check's thread");
@@ -207,8 +208,33 @@ async fn the_dashboard_shows_what_the_daemon_holds_and_follows_its_events() {
         "the page's script failed"
     );
 
+    // A tenant's API key: its own sandbox and its own events only (paged:
+    // the live stream is for admins).
+    let (acme, key) = tenant_client(&d, "acme", TenantQuotas::default(), false).await;
+    let theirs = acme
+        .create(&CreateRequest::default())
+        .await
+        .expect("the tenant's create");
+    let seen = tokio::task::spawn_blocking({
+        let id = theirs.id.to_string();
+        move || check_page(&["tenant", &base, &key, &id])
+    })
+    .await
+    .expect("the check's thread");
+    println!("the tenant's dashboard showed: {seen}");
+    assert_eq!(strings(&seen["ids"]), [theirs.id.as_str()]);
+    assert_eq!(seen["live"], "1");
+    assert_eq!(strings(&seen["event_sandboxes"]), [theirs.id.as_str()]);
+    assert_eq!(seen["events_state"], "(your tenant's, every few seconds)");
+    assert_eq!(strings(&seen["pools"]), ["host"]);
+    assert_eq!(seen["errors"], serde_json::json!([]));
+
+    acme.destroy(&theirs.id).await.expect("destroy");
     for id in [&pooled.id, &cold.id] {
         d.client.destroy(id).await.expect("destroy");
     }
-    assert_no_leaks(&d.state_dir, &[pooled.id.as_str(), cold.id.as_str()]);
+    assert_no_leaks(
+        &d.state_dir,
+        &[pooled.id.as_str(), cold.id.as_str(), theirs.id.as_str()],
+    );
 }

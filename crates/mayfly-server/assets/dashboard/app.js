@@ -373,11 +373,19 @@ async function refresh() {
 
 // ---- events (SSE over fetch, so the token can go in a header) --------------
 
-const events = { running: false, lastSeq: null };
+// `stream` (admins: the live SSE stream) or `poll` (other tenants, whose
+// stream is refused: their own events, paged on each refresh).
+const events = { running: false, lastSeq: null, mode: "stream", empty: true };
+const EVENT_PAGE = 1000;
+// At most this many pages per refresh while catching up with a backlog.
+const EVENT_PAGES = 20;
 
 function addEvent(e) {
   const body = $("events").tBodies[0];
-  if (events.lastSeq === null) body.replaceChildren();
+  if (events.empty) {
+    body.replaceChildren();
+    events.empty = false;
+  }
   const tr = row([
     cell(e.seq, "n"),
     cell(fmtTime(e.at)),
@@ -389,43 +397,72 @@ function addEvent(e) {
   while (body.rows.length > EVENTS_KEPT) body.deleteRow(body.rows.length - 1);
 }
 
+function noEventsYet(text) {
+  if (events.lastSeq === null && events.empty) fill("events", [], text);
+}
+
 async function followEvents() {
   if (events.running) return;
   events.running = true;
-  $("events-state").textContent = "(live)";
-  if (events.lastSeq === null) fill("events", [], "No events since the page was opened.");
   try {
-    const path = events.lastSeq === null ? "/v1/events" : `/v1/events?since=${events.lastSeq}`;
-    const res = await api(path, "text/event-stream");
-    const reader = res.body.getReader();
-    const decoder = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += decoder.decode(value, { stream: true });
-      let end;
-      while ((end = buf.indexOf("\n\n")) >= 0) {
-        const frame = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        const data = frame
-          .split("\n")
-          .filter((l) => l.startsWith("data:"))
-          .map((l) => l.slice(5).trimStart())
-          .join("\n");
-        if (!data) continue;
-        const e = JSON.parse(data);
-        addEvent(e);
-        events.lastSeq = e.seq;
-      }
-    }
-    $("events-state").textContent = "(stream ended; reconnecting)";
+    if (events.mode === "poll") await pollEvents();
+    else await streamEvents();
   } catch (err) {
     $("events-state").textContent = "(disconnected: " + err.message + ")";
   } finally {
-    // The next refresh reconnects from the last event seen.
+    // The next refresh reconnects (or polls) from the last event seen.
     events.running = false;
   }
+}
+
+async function streamEvents() {
+  $("events-state").textContent = "(live)";
+  noEventsYet("No events since the page was opened.");
+  const path = events.lastSeq === null ? "/v1/events" : `/v1/events?since=${events.lastSeq}`;
+  let res;
+  try {
+    res = await api(path, "text/event-stream");
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 403) {
+      events.mode = "poll";
+      return pollEvents();
+    }
+    throw err;
+  }
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buf.indexOf("\n\n")) >= 0) {
+      const frame = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      const data = frame
+        .split("\n")
+        .filter((l) => l.startsWith("data:"))
+        .map((l) => l.slice(5).trimStart())
+        .join("\n");
+      if (!data) continue;
+      const e = JSON.parse(data);
+      addEvent(e);
+      events.lastSeq = e.seq;
+    }
+  }
+  $("events-state").textContent = "(stream ended; reconnecting)";
+}
+
+async function pollEvents() {
+  $("events-state").textContent = "(your tenant's, every few seconds)";
+  for (let page = 0; page < EVENT_PAGES; page += 1) {
+    const list = await getJson(`/v1/events?since=${events.lastSeq || 0}&limit=${EVENT_PAGE}`);
+    for (const e of list.slice(-EVENTS_KEPT)) addEvent(e);
+    if (list.length > 0) events.lastSeq = list[list.length - 1].seq;
+    if (list.length < EVENT_PAGE) break;
+  }
+  noEventsYet("No events yet.");
 }
 
 // ---- start ------------------------------------------------------------------

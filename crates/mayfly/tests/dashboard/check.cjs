@@ -2,7 +2,8 @@
 // the daemon, the page's API calls made with Node's fetch) and checks what
 // it shows against what the test set up. Run by tests/dashboard.rs:
 //
-//   node check.cjs BASE TOKEN SANDBOX_ID TASK_LABEL HOSTILE_LABEL
+//   node check.cjs admin BASE TOKEN SANDBOX_ID TASK_LABEL HOSTILE_LABEL
+//   node check.cjs tenant BASE API_KEY SANDBOX_ID
 //
 // Prints one JSON line of what it saw and exits 0, or prints why and exits 1.
 "use strict";
@@ -16,7 +17,7 @@ if (!modules) {
 }
 const { JSDOM, VirtualConsole } = require(path.resolve(modules, "jsdom"));
 
-const [base, token, sandboxId, taskLabel, hostileLabel] = process.argv.slice(2);
+const [mode, base, token, sandboxId, taskLabel, hostileLabel] = process.argv.slice(2);
 
 function fail(msg, dom) {
   const el = (id) => (dom ? dom.window.document.getElementById(id).textContent : "");
@@ -63,7 +64,35 @@ async function api(method, p, body) {
   return res.json();
 }
 
+// A tenant's key: only its own sandboxes and events (paged, as the live
+// stream is for admins).
+async function tenantView() {
+  const errors = [];
+  const dom = await open(`#token=${encodeURIComponent(token)}`, errors);
+  const doc = dom.window.document;
+  await until("the tenant's sandbox", dom, (d) => text(d, "#sandboxes td.id").includes(sandboxId));
+  await until("the tenant's claim in the events", dom, (d) =>
+    [...d.querySelectorAll("#events tbody tr")].some(
+      (tr) => tr.cells.length > 3 && tr.cells[2].textContent === sandboxId,
+    ),
+  );
+  const seen = {
+    ids: text(doc, "#sandboxes td.id"),
+    live: doc.getElementById("live").textContent,
+    pools: [...doc.querySelectorAll("#pools tbody tr")].map((tr) => tr.cells[0].textContent),
+    event_sandboxes: [...new Set(text(doc, "#events tbody td.id"))],
+    events_state: doc.getElementById("events-state").textContent,
+    status: doc.getElementById("status").textContent,
+    errors,
+  };
+  dom.window.close();
+  console.log(JSON.stringify(seen));
+  process.exit(0);
+}
+
 (async () => {
+  if (mode === "tenant") return tenantView();
+  if (mode !== "admin") fail(`unknown mode ${mode}`);
   const seen = {};
   const errors = [];
 
