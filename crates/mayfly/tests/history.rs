@@ -4,38 +4,12 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{cmd, Daemon};
+use common::daemonless::{assert_runs_cleaned, drain_spares};
+use common::history::age_end;
+use common::{cmd, daemonless, expect_exit, test_dir, Daemon};
 use mayfly_types::CreateRequest;
-
-const DAY_MS: u64 = 86_400_000;
-
-/// Moves a sandbox's end `days` into the past, in the daemon's database
-/// (the daemon is stopped), with Debian's python3 and its sqlite3 module.
-fn age(d: &Daemon, id: &str, days: u64) {
-    let db = d.state_dir.join("mayfly.db");
-    let script = format!(
-        "import sqlite3, sys\n\
-         c = sqlite3.connect(sys.argv[1])\n\
-         n = c.execute('UPDATE sandboxes SET ended_at = ended_at - {} WHERE id = ?', (sys.argv[2],)).rowcount\n\
-         c.commit()\n\
-         assert n == 1, n\n",
-        days * DAY_MS
-    );
-    let out = Command::new("/usr/bin/python3")
-        .args(["-c", &script])
-        .arg(&db)
-        .arg(id)
-        .output()
-        .expect("running python3 (apt-get install python3)");
-    assert!(
-        out.status.success(),
-        "ageing {id}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_prunes_history_older_than_the_setting_and_keeps_the_rest() {
@@ -55,8 +29,8 @@ async fn a_restart_prunes_history_older_than_the_setting_and_keeps_the_rest() {
         d.client.destroy(id).await.expect("destroy");
     }
     d.stop();
-    age(&d, old.as_str(), 31);
-    age(&d, recent.as_str(), 29);
+    age_end(&d.state_dir, old.as_str(), 31);
+    age_end(&d.state_dir, recent.as_str(), 29);
     d.restart().await;
 
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -95,4 +69,34 @@ async fn a_restart_prunes_history_older_than_the_setting_and_keeps_the_rest() {
     // The live one was recovered (or destroyed by the stop) but never
     // pruned: its record is there either way.
     assert!(all.iter().any(|s| &s.id == live), "{all:?}");
+}
+
+/// Without a daemon: each run's reaper prunes one batch after its run.
+#[test]
+fn a_daemonless_run_prunes_old_history_without_a_daemon() {
+    common::require_root();
+    let dir = test_dir();
+    expect_exit(&daemonless(&dir, &["run", "--", "true"]), 0, "mayfly run");
+    let first = assert_runs_cleaned(&dir);
+    let ended: Vec<_> = first
+        .iter()
+        .filter(|r| r.state == mayfly_types::SandboxState::Destroyed)
+        .collect();
+    assert_eq!(ended.len(), 1, "{first:?}");
+    let old = ended[0].id.clone();
+    age_end(&dir.path().join("state"), old.as_str(), 31);
+
+    expect_exit(&daemonless(&dir, &["run", "--", "true"]), 0, "mayfly run");
+    let after = assert_runs_cleaned(&dir);
+    assert!(
+        after.iter().all(|r| r.id != old),
+        "the run ended 31 days ago is still recorded: {after:?}"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|r| r.state == mayfly_types::SandboxState::Destroyed),
+        "the second run is recorded: {after:?}"
+    );
+    drain_spares(&dir);
 }

@@ -8,7 +8,9 @@
 //! their rows, at start and then every [`PRUNE_EVERY`], in transactions of
 //! [`mayfly_store::PRUNE_BATCH`] sandboxes each, so the store's write lock
 //! (which creates, claims and execs also take) is never held for long.
-//! Live sandboxes are never pruned.
+//! Live sandboxes are never pruned. A daemonless run's reaper prunes one
+//! batch after its run, so a store that no daemon ever opens stays bounded
+//! too.
 //!
 //! [`EngineConfig::history`]: crate::EngineConfig::history
 
@@ -32,16 +34,12 @@ impl Engine {
         let Some(keep) = self.inner.cfg.history else {
             return Ok(0);
         };
-        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
-        let before = now_ms().saturating_sub(keep_ms);
         let mut total = 0;
         loop {
             let engine = self.clone();
-            let n = tokio::task::spawn_blocking(move || {
-                engine.inner.store.prune_batch(before, PRUNE_BATCH)
-            })
-            .await
-            .map_err(|e| EngineError::Internal(format!("the prune task failed: {e}")))??;
+            let n = tokio::task::spawn_blocking(move || prune_once(&engine.inner.store, keep))
+                .await
+                .map_err(|e| EngineError::Internal(format!("the prune task failed: {e}")))??;
             total += n;
             if n < PRUNE_BATCH {
                 break;
@@ -57,4 +55,13 @@ impl Engine {
         }
         Ok(total)
     }
+}
+
+/// One batch: ended sandboxes older than `keep`; returns how many went.
+pub(crate) fn prune_once(
+    store: &mayfly_store::Store,
+    keep: Duration,
+) -> Result<u64, mayfly_store::StoreError> {
+    let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+    store.prune_batch(now_ms().saturating_sub(keep_ms), PRUNE_BATCH)
 }

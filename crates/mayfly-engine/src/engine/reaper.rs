@@ -17,7 +17,8 @@
 //! init die with it); the reaper then records the sandbox `failed`
 //! (`owner_died`) itself instead of leaving that to the next start's
 //! recovery. Either way it waits for init's exit (the whole pid namespace
-//! goes with it), removes the remains, records the end, and exits.
+//! goes with it), removes the remains, records the end, prunes one batch of
+//! old history (see `engine::history`), and exits.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -71,6 +72,7 @@ impl Engine {
             state_dir: self.inner.cfg.state_dir.clone(),
             spare_ns: self.inner.cfg.spare_ns_dir.clone(),
             park: self.inner.cfg.park.clone(),
+            history: self.inner.cfg.history,
         };
         let maker = self.inner.maker.clone();
         tokio::spawn(async move {
@@ -250,6 +252,11 @@ pub(crate) fn reaper_main(
         // starts the new WAL (and pays for its header's fsync) here.
         let _ = store.checkpoint();
         record(&store, &plan.id, handed, ok);
+        // Daemonless runs keep their history bounded without a daemon: one
+        // batch per run, which keeps up with one record per run.
+        if let Some(keep) = plan.history.filter(|_| handed) {
+            let _ = super::history::prune_once(&store, keep);
+        }
     }
     mayfly_sys::cgroup::remove_empty_parents(&plan.layout);
     // Last, off everyone's critical path: fresh namespaces for the next

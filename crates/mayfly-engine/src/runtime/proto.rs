@@ -94,6 +94,9 @@ pub struct ReapPlan {
     pub spare_ns: Option<PathBuf>,
     /// How to start the next keeper (see `crate::park`).
     pub park: Option<crate::park::ParkPlan>,
+    /// The engine's `history`: the reaper prunes one batch of ended
+    /// sandboxes older than this (see `engine::history`).
+    pub history: Option<std::time::Duration>,
 }
 
 /// Zygote → daemon. `Forked` carries two descriptors: the stub's pidfd and
