@@ -48,6 +48,8 @@ pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
             PATHS[2],
             get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
         )
+        // Like the API's: a JSON `{code, message}`, not an empty 405.
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
