@@ -25,6 +25,28 @@ fn id(n: u64) -> SandboxId {
     SandboxId::from_entropy(bytes)
 }
 
+/// Sandbox `i`, created at `at`: every other one a pool claim.
+fn record(i: u64, at: u64) -> SandboxRecord {
+    SandboxRecord {
+        id: id(i),
+        state: SandboxState::Creating,
+        template: "host".into(),
+        created_at: at,
+        expires_at: at + 600_000,
+        limits: ResolvedLimits::DEFAULT,
+        labels: BTreeMap::from([("task".into(), format!("task-{}", i % 20))]),
+        uid_slot: 0,
+        owner_pid: 1,
+        owner_start: 1,
+        init_pid: None,
+        reason: None,
+        create_ms: None,
+        tenant: Some("default".into()),
+        pool: i.is_multiple_of(2).then(|| "host".into()),
+        claimed_at: i.is_multiple_of(2).then_some(at),
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -49,24 +71,7 @@ fn main() {
         let at = NOW - WEEK_MS + i * step;
         clock.store(at, Ordering::SeqCst);
         let sid = id(i);
-        let rec = SandboxRecord {
-            id: sid.clone(),
-            state: SandboxState::Creating,
-            template: "host".into(),
-            created_at: at,
-            expires_at: at + 600_000,
-            limits: ResolvedLimits::DEFAULT,
-            labels: BTreeMap::from([("task".into(), format!("task-{}", i % 20))]),
-            uid_slot: 0,
-            owner_pid: 1,
-            owner_start: 1,
-            init_pid: None,
-            reason: None,
-            create_ms: None,
-            tenant: Some("default".into()),
-            pool: (i % 2 == 0).then(|| "host".into()),
-            claimed_at: (i % 2 == 0).then_some(at),
-        };
+        let rec = record(i, at);
         store.insert_sandbox(&rec, 1024).expect("insert");
         store
             .set_ready_info(&sid, 100, 0.03 + (i % 7) as f64)
@@ -128,6 +133,55 @@ fn main() {
             median(times)
         );
     }
+
+    // Writes (a create's insert) while 7-day reports run on another thread,
+    // against the same writes alone: how long does a report hold them up?
+    let write = |i: u64| {
+        let sid = id(1_000_000 + i);
+        let mut rec = store
+            .get_sandbox(&id(n - 1))
+            .expect("get")
+            .expect("a record");
+        rec.id = sid;
+        rec.state = SandboxState::Creating;
+        let t = Instant::now();
+        store.insert_sandbox(&rec, 1024).expect("insert");
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        store
+            .transition(&id(1_000_000 + i), SandboxState::Failed, Some("bench"))
+            .expect("end");
+        ms
+    };
+    let alone: Vec<f64> = (0..200).map(write).collect();
+    let during = std::thread::scope(|s| {
+        let reports = s.spawn(|| {
+            let q = StatsQuery {
+                window_ms: WEEK_MS,
+                ..StatsQuery::default()
+            };
+            for _ in 0..5 {
+                store.stats(&q).expect("stats");
+            }
+        });
+        let mut v = Vec::new();
+        let mut i = 200;
+        while !reports.is_finished() {
+            v.push(write(i));
+            i += 1;
+        }
+        v
+    });
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    println!(
+        "a write alone: median {:.3} ms, max {:.2} ms ({} writes); while 7-day reports run: \
+         median {:.3} ms, max {:.2} ms ({} writes)",
+        median(alone.clone()),
+        max(&alone),
+        alone.len(),
+        median(during.clone()),
+        max(&during),
+        during.len()
+    );
 
     // Prune the older half, a batch at a time, as the daemon does.
     let t = Instant::now();

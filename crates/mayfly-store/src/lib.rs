@@ -27,11 +27,11 @@ mod tests;
 use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mayfly_types::UnixMillis;
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
 pub use bus::{Subscription, BUS_CAPACITY};
 pub use claims::PoolClaim;
@@ -58,6 +58,13 @@ type Clock = Arc<dyn Fn() -> UnixMillis + Send + Sync>;
 /// `&self`.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// A read-only connection for long reports ([`Store::stats`]), opened on
+    /// first use (a one-shot run never pays for it). With WAL it reads a
+    /// snapshot while `conn` goes on writing, so a report over a week does
+    /// not hold up the creates, claims and execs that write. `None` inside:
+    /// an in-memory store, or the file would not open read-only; reports
+    /// then use `conn`.
+    reader: OnceLock<Option<Mutex<Connection>>>,
     path: PathBuf,
     clock: Clock,
     /// Events of committed transactions, published in sequence order (see
@@ -164,6 +171,7 @@ impl Store {
         migrate::migrate(&mut conn, &path)?;
         Ok(Store {
             conn: Mutex::new(conn),
+            reader: OnceLock::new(),
             path,
             clock: Arc::new(wall_clock),
             bus: tokio::sync::broadcast::Sender::new(BUS_CAPACITY),
@@ -190,6 +198,23 @@ impl Store {
     /// open (rusqlite rolls back on drop), so a poisoned lock is still safe.
     fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection for long reads: the read-only one, else `conn`.
+    fn read_conn(&self) -> MutexGuard<'_, Connection> {
+        let reader = self.reader.get_or_init(|| {
+            if self.path == Path::new(":memory:") {
+                return None;
+            }
+            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let conn = Connection::open_with_flags(&self.path, flags).ok()?;
+            conn.busy_timeout(BUSY_TIMEOUT).ok()?;
+            Some(Mutex::new(conn))
+        });
+        match reader {
+            Some(m) => m.lock().unwrap_or_else(PoisonError::into_inner),
+            None => self.conn(),
+        }
     }
 
     fn now(&self) -> UnixMillis {

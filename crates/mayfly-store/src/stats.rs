@@ -79,7 +79,7 @@ impl Store {
         // Window start → (cold, pool) samples.
         let mut spin_windows: BTreeMap<UnixMillis, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
         let mut execs = ExecCounts::default();
-        let conn = self.conn();
+        let conn = self.read_conn();
         let mut stmt = conn.prepare_cached(&creates_sql())?;
         let mut rows = stmt.query(params![since, until, q.tenant, q.task])?;
         while let Some(row) = rows.next()? {

@@ -452,7 +452,13 @@ impl SandboxApi for Engine {
             // An admin sees every tenant; anyone else their own.
             tenant: (!caller.admin).then(|| caller.tenant.clone()),
         };
-        Ok(self.inner.store.stats(&q)?)
+        // A report over a long window reads for a while: off the runtime's
+        // workers (the store reads it on its own read-only connection).
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.inner.store.stats(&q))
+            .await
+            .map_err(|e| EngineError::Internal(format!("the stats task failed: {e}")))?
+            .map_err(EngineError::from)
     }
 }
 

@@ -77,6 +77,42 @@ fn stats_read_their_window_through_an_index_not_a_table_scan() {
 }
 
 #[test]
+fn a_file_stores_reports_read_on_their_own_connection_and_see_every_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let q = StatsQuery {
+        window_ms: 3_600_000,
+        ..StatsQuery::default()
+    };
+    let now = store.now();
+    for n in 1..=3 {
+        store.insert_sandbox(&record(id(n), now - 1000), 8).unwrap();
+        store.set_ready_info(&id(n), 100, n as f64).unwrap();
+        // The read-only connection (opened by the first report) sees each
+        // commit of the writing one.
+        assert_eq!(store.stats(&q).unwrap().spin_up.all.count, n);
+    }
+    assert!(
+        matches!(store.reader.get(), Some(Some(_))),
+        "the report did not get a connection of its own"
+    );
+    // It holds no write lock: writes go on while a report's statement is
+    // open on it.
+    let reader = store.read_conn();
+    let mut stmt = reader.prepare(&creates_sql()).unwrap();
+    let mut rows = stmt
+        .query(rusqlite::params![
+            0,
+            i64::MAX,
+            None::<String>,
+            None::<String>
+        ])
+        .unwrap();
+    assert!(rows.next().unwrap().is_some());
+    store.insert_sandbox(&record(id(4), now), 8).unwrap();
+}
+
+#[test]
 fn windows_are_five_minutes_aligned_to_the_epoch() {
     assert_eq!(window_of(3_123_000), 3_000_000);
     assert_eq!(window_of(3_000_000), 3_000_000);
