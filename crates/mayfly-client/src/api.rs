@@ -54,12 +54,22 @@ impl Client {
 
     /// `GET /v1/sandboxes`: live sandboxes, or every recorded one with `all`.
     pub async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, ClientError> {
-        let path = if all {
-            "/v1/sandboxes?all=true"
-        } else {
-            "/v1/sandboxes"
+        self.list_recent(all, None).await
+    }
+
+    /// `GET /v1/sandboxes[?all=true[&limit=N]]`: with `all`, the `limit`
+    /// most recently created (the daemon's default when `None`).
+    pub async fn list_recent(
+        &self,
+        all: bool,
+        limit: Option<u32>,
+    ) -> Result<Vec<SandboxInfo>, ClientError> {
+        let path = match (all, limit) {
+            (false, _) => "/v1/sandboxes".to_owned(),
+            (true, None) => "/v1/sandboxes?all=true".to_owned(),
+            (true, Some(n)) => format!("/v1/sandboxes?all=true&limit={n}"),
         };
-        let list: SandboxList = self.json(Method::GET, path, Body::Empty).await?;
+        let list: SandboxList = self.json(Method::GET, &path, Body::Empty).await?;
         Ok(list.sandboxes)
     }
 

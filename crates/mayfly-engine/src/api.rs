@@ -17,6 +17,17 @@ use crate::EngineError;
 pub const DEFAULT_TENANT: &str = "default";
 
 /// Who is asking: recorded in the audit trail, and what a request may see.
+/// What [`SandboxApi::list`] lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListSandboxes {
+    /// Ended sandboxes too: then the `limit` most recently created.
+    pub all: bool,
+    /// Only this tenant's; `None`: every tenant's (an admin's view).
+    pub tenant: Option<String>,
+    /// With `all`, at most this many.
+    pub limit: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// How the caller reached us (`unix:uid=0`, `key:k-…`, `cli:pid=1`).
@@ -62,8 +73,9 @@ pub trait SandboxApi: Send + Sync + 'static {
     async fn create(&self, req: CreateRequest, caller: &Caller)
         -> Result<SandboxInfo, EngineError>;
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError>;
-    /// Live sandboxes, or all recorded ones with `all`.
-    async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError>;
+    /// Live sandboxes, or with `all` the most recent recorded ones, oldest
+    /// first; a tenant's only when `tenant` says so.
+    async fn list(&self, q: ListSandboxes) -> Result<Vec<SandboxInfo>, EngineError>;
     /// Resets the idle timer and, with `ttl_secs`, moves the deadline.
     async fn keepalive(
         &self,

@@ -21,7 +21,7 @@ pub mod templates;
 pub mod tenancy;
 pub mod workspace;
 
-pub use api::{Caller, EventSubscription, ExecStream, SandboxApi};
+pub use api::{Caller, EventSubscription, ExecStream, ListSandboxes, SandboxApi};
 pub use engine::Admission;
 pub use engine::QuotaError;
 pub use engine::{

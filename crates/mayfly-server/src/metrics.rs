@@ -252,7 +252,7 @@ impl Metrics {
             }
         }
         let mut live: BTreeMap<(String, String), i64> = BTreeMap::new();
-        for sb in api.list(false).await? {
+        for sb in api.list(mayfly_engine::ListSandboxes::default()).await? {
             let tenant = sb.tenant.unwrap_or_else(|| "unclaimed".to_owned());
             *live.entry((tenant, sb.template.to_string())).or_default() += 1;
         }

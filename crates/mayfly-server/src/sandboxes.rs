@@ -3,6 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 use http::StatusCode;
+use mayfly_engine::ListSandboxes;
 use mayfly_types::{ApiError, CreateRequest, SandboxInfo, SandboxList};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -11,15 +12,23 @@ use crate::auth::Who;
 use crate::extract::{OptionalJsonBody, QueryParams, SandboxPath};
 use crate::{AppError, AppState};
 
-/// `?all=true` on `GET /v1/sandboxes`.
+/// `?all=true&limit=N` on `GET /v1/sandboxes`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
-    /// Include destroyed and failed sandboxes.
+    /// Include destroyed and failed sandboxes: then the most recently
+    /// created ones, as many as `limit`.
     #[serde(default)]
     all: bool,
+    /// With `all`: at most this many (1000 when absent, at most 10000).
+    limit: Option<u32>,
 }
+
+/// Recorded sandboxes listed by `?all=true` when no `limit` is given.
+pub const DEFAULT_LIST_LIMIT: u32 = 1000;
+/// The largest `limit` of `?all=true`.
+pub const MAX_LIST_LIMIT: u32 = 10_000;
 
 /// Create a sandbox. An empty body creates one with the daemon's defaults.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
@@ -41,8 +50,9 @@ pub(crate) async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-/// List live sandboxes, or every recorded one with `?all=true`: the
-/// caller's tenant's only, unless the caller is an admin.
+/// List live sandboxes, or with `?all=true` the most recently created
+/// recorded ones (`limit`, 1000 by default), oldest first: the caller's
+/// tenant's only, unless the caller is an admin.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
     responses(
         (status = 200, body = SandboxList),
@@ -53,10 +63,20 @@ pub(crate) async fn list_sandboxes(
     Who(caller): Who,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Json<SandboxList>, AppError> {
-    let mut sandboxes = s.api.list(q.all).await?;
-    if !caller.admin {
-        sandboxes.retain(|sb| sb.tenant.as_deref() == Some(caller.tenant.as_str()));
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
+        return Err(AppError::invalid(format!(
+            "limit = {limit} is out of range; allowed is 1..={MAX_LIST_LIMIT}"
+        )));
     }
+    let sandboxes = s
+        .api
+        .list(ListSandboxes {
+            all: q.all,
+            tenant: (!caller.admin).then(|| caller.tenant.clone()),
+            limit,
+        })
+        .await?;
     Ok(Json(SandboxList { sandboxes }))
 }
 

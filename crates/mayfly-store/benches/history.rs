@@ -134,6 +134,31 @@ fn main() {
         );
     }
 
+    // `GET /v1/sandboxes?all=true`: the whole table (as it was) against the
+    // most recent 1000 (as it is).
+    for (name, f) in [
+        (
+            "every record (list_sandboxes)",
+            Box::new(|| store.list_sandboxes(true).expect("list").len()) as Box<dyn Fn() -> usize>,
+        ),
+        (
+            "the newest 1000 (list_recent)",
+            Box::new(|| store.list_recent(None, 1000).expect("list").len()),
+        ),
+    ] {
+        let mut times = Vec::new();
+        let mut len = 0;
+        for _ in 0..9 {
+            let t = Instant::now();
+            len = f();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        println!(
+            "listing {name}: median {:8.2} ms over 9 runs ({len} records)",
+            median(times)
+        );
+    }
+
     // Writes (a create's insert) while 7-day reports run on another thread,
     // against the same writes alone: how long does a report hold them up?
     let write = |i: u64| {

@@ -15,6 +15,7 @@ mod audit;
 mod bus;
 mod claims;
 mod error;
+mod history;
 mod migrate;
 mod routes;
 mod row;
@@ -36,7 +37,8 @@ use rusqlite::{Connection, OpenFlags};
 pub use bus::{Subscription, BUS_CAPACITY};
 pub use claims::PoolClaim;
 pub use error::StoreError;
-pub use sandboxes::{SandboxRecord, Transition, PRUNE_BATCH};
+pub use history::PRUNE_BATCH;
+pub use sandboxes::{SandboxRecord, Transition};
 pub use stats::{percentiles, StatsQuery};
 pub use tenants::{constant_time_eq, KeyCheck, NewKey, TenantRecord, TenantRemoval};
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use mayfly_types::{Event, ResolvedLimits, SandboxId, SandboxState, UnixMillis};
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-use crate::migrate::{live, terminal};
+use crate::migrate::live;
 use crate::row::Cols;
 use crate::{Store, StoreError};
 
@@ -49,7 +49,8 @@ pub struct Transition {
     pub reason: Option<String>,
 }
 
-const SANDBOX_COLUMNS: &str = "id, state, template, created_at, expires_at, limits, labels, \
+pub(crate) const SANDBOX_COLUMNS: &str =
+    "id, state, template, created_at, expires_at, limits, labels, \
      uid_slot, owner_pid, owner_start, init_pid, reason, create_ms, tenant, pool, claimed_at";
 
 impl Store {
@@ -346,63 +347,7 @@ impl Store {
         }
         Ok(out)
     }
-
-    /// Deletes terminal sandboxes that ended before `before`, with their
-    /// transitions, execs and events; returns how many sandboxes went.
-    ///
-    /// Events older than `before` that belong to no sandbox left in the store
-    /// (daemon-wide events, or ones about objects recovery found without a
-    /// record) go too, so the database stays bounded. Done in batches of
-    /// [`PRUNE_BATCH`] (see [`Store::prune_batch`]).
-    pub fn prune(&self, before: UnixMillis) -> Result<u64, StoreError> {
-        let mut total = 0;
-        loop {
-            let n = self.prune_batch(before, PRUNE_BATCH)?;
-            total += n;
-            if n < PRUNE_BATCH {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// One transaction of [`Store::prune`]: at most `limit` sandboxes (the
-    /// longest ended first) and at most `limit` orphaned events, so the
-    /// write lock is held for a bounded time and creates, claims and execs
-    /// go on between batches. Returns how many sandboxes went; fewer than
-    /// `limit` means nothing older is left.
-    pub fn prune_batch(&self, before: UnixMillis, limit: u64) -> Result<u64, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let ids: Vec<String> = tx
-            .prepare_cached(concat!(
-                "SELECT id FROM sandboxes WHERE ended_at < ?1 AND ",
-                terminal!(),
-                " ORDER BY ended_at LIMIT ?2"
-            ))?
-            .query_map(params![before, limit], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        {
-            let mut events = tx.prepare_cached("DELETE FROM events WHERE sandbox_id = ?1")?;
-            // Transitions and execs follow through ON DELETE CASCADE.
-            let mut sandboxes = tx.prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?;
-            for id in &ids {
-                events.execute([id])?;
-                sandboxes.execute([id])?;
-            }
-        }
-        tx.prepare_cached(
-            "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE at < ?1 AND \
-             (sandbox_id IS NULL OR NOT EXISTS \
-             (SELECT 1 FROM sandboxes s WHERE s.id = events.sandbox_id)) LIMIT ?2)",
-        )?
-        .execute(params![before, limit])?;
-        tx.commit()?;
-        Ok(ids.len() as u64)
-    }
 }
-
-/// Sandboxes [`Store::prune`] removes per transaction.
-pub const PRUNE_BATCH: u64 = 500;
 
 /// The lowest slot below `max` that no live sandbox holds and `lease`
 /// accepts.
@@ -459,7 +404,7 @@ fn insert_transition(
     Ok(())
 }
 
-fn decode_sandbox(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
+pub(crate) fn decode_sandbox(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
     let c = Cols::new(row, "sandboxes", 0);
     let id = c
         .key()

@@ -343,9 +343,13 @@ pub struct ExecArgs {
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
-    /// Include destroyed and failed sandboxes.
+    /// Include destroyed and failed sandboxes (the most recent `--limit`).
     #[arg(long, short = 'a')]
     pub all: bool,
+    /// With `-a`: how many of the most recently created to list (the
+    /// daemon's default is 1000, its maximum 10000).
+    #[arg(long, requires = "all")]
+    pub limit: Option<u32>,
     /// Print only the ids, one per line (`mayfly rm $(mayfly ps -q)`);
     /// `--json` still prints the whole list.
     #[arg(long, short = 'q')]

@@ -51,7 +51,7 @@ pub async fn exec(cli: &Cli, a: &ExecArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn ps(cli: &Cli, a: &PsArgs) -> anyhow::Result<i32> {
-    let list = client(cli)?.list(a.all).await?;
+    let list = client(cli)?.list_recent(a.all, a.limit).await?;
     if cli.json {
         output::json(&list)?;
     } else if a.quiet {

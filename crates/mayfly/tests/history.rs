@@ -13,7 +13,7 @@ use mayfly_types::CreateRequest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_prunes_history_older_than_the_setting_and_keeps_the_rest() {
-    let mut d = Daemon::start_with(&["--history", "30d"]).await;
+    let mut d = Daemon::start_with(&["--history", "30d", "--pool", "host=0"]).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
         let sb = d
@@ -69,6 +69,19 @@ async fn a_restart_prunes_history_older_than_the_setting_and_keeps_the_rest() {
     // The live one was recovered (or destroyed by the stop) but never
     // pruned: its record is there either way.
     assert!(all.iter().any(|s| &s.id == live), "{all:?}");
+
+    // A long history is listed from its newest end, as far as `limit`.
+    let newest = d.client.list_recent(true, Some(1)).await.expect("list");
+    assert_eq!(newest.len(), 1, "{newest:?}");
+    assert_eq!(&newest[0].id, live, "the last created");
+    let out = d.run_cli(&["ps", "-a", "--limit", "2", "-q"]);
+    let printed = expect_exit(&out, 0, "mayfly ps -a --limit 2 -q");
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        [recent.as_str(), live.as_str()]
+    );
+    let out = d.run_cli(&["ps", "--limit", "2"]);
+    assert_ne!(out.status.code(), Some(0), "--limit needs -a");
 }
 
 /// Without a daemon: each run's reaper prunes one batch after its run.

@@ -18,7 +18,7 @@ use super::exec::{check_limits, Collected, CommandSpec, PumpOptions, Sink};
 use super::lifecycle::hooks::HookPoint;
 use super::sandbox::Sandbox;
 use super::Engine;
-use crate::api::{Caller, EventSubscription, ExecStream, SandboxApi};
+use crate::api::{Caller, EventSubscription, ExecStream, ListSandboxes, SandboxApi};
 use crate::files::{FsLimits, SandboxFs};
 use crate::EngineError;
 use mayfly_types::UploadSummary;
@@ -142,15 +142,26 @@ impl SandboxApi for Engine {
         Ok(info)
     }
 
-    async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError> {
+    async fn list(&self, q: ListSandboxes) -> Result<Vec<SandboxInfo>, EngineError> {
         self.settle_all().await;
-        Ok(self
-            .inner
-            .store
-            .list_sandboxes(all)?
+        let records = if q.all {
+            // A long history is read off the runtime's workers, on the
+            // store's reading connection, and only as far as `limit`.
+            let engine = self.clone();
+            let tenant = q.tenant.clone();
+            tokio::task::spawn_blocking(move || {
+                engine.inner.store.list_recent(tenant.as_deref(), q.limit)
+            })
+            .await
+            .map_err(|e| EngineError::Internal(format!("the list task failed: {e}")))??
+        } else {
+            self.inner.store.list_sandboxes(false)?
+        };
+        Ok(records
             .into_iter()
             .map(record_to_info)
             .filter(|i| !unclaimed(i))
+            .filter(|i| q.tenant.is_none() || i.tenant == q.tenant)
             .collect())
     }
 

@@ -234,14 +234,21 @@ impl SandboxApi for FakeEngine {
             .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))
     }
 
-    async fn list(&self, all: bool) -> Result<Vec<SandboxInfo>, EngineError> {
-        Ok(self
+    async fn list(&self, q: mayfly_engine::ListSandboxes) -> Result<Vec<SandboxInfo>, EngineError> {
+        let mut out: Vec<SandboxInfo> = self
             .lock()
             .sandboxes
             .values()
-            .filter(|s| all || !s.state.is_terminal())
+            .filter(|s| q.all || !s.state.is_terminal())
+            .filter(|s| q.tenant.is_none() || s.tenant == q.tenant)
             .cloned()
-            .collect())
+            .collect();
+        if q.all {
+            out.sort_by_key(|s| s.created_at);
+            let skip = out.len().saturating_sub(q.limit as usize);
+            out.drain(..skip);
+        }
+        Ok(out)
     }
 
     async fn destroy(&self, id: &SandboxId, caller: &Caller) -> Result<SandboxInfo, EngineError> {

@@ -360,3 +360,43 @@ fn a_transition_on_an_owner_read_earlier_is_refused_after_a_hand_over() {
     let rec = store.get_sandbox(&id(2)).unwrap().unwrap();
     assert_eq!(rec.state, SandboxState::Failed);
 }
+
+#[test]
+fn the_most_recent_records_are_listed_per_tenant_without_unclaimed_pool_sandboxes() {
+    let (store, clock) = clocked_store();
+    // 1..=6 created at 10, 20, … 60: odd ones team-a's, even ones team-b's;
+    // 2 ended; 7 (at 70) waits unclaimed in a pool.
+    for n in 1..=6u64 {
+        let mut rec = record(id(n), 10 * n);
+        rec.tenant = Some(if n % 2 == 1 { "team-a" } else { "team-b" }.into());
+        store.insert_sandbox(&rec, 16).unwrap();
+    }
+    clock.set(100);
+    destroy(&store, &id(2));
+    let mut pooled = record(id(7), 70);
+    pooled.tenant = None;
+    pooled.pool = Some("p".into());
+    store.insert_sandbox(&pooled, 16).unwrap();
+    let ids = |tenant: Option<&str>, limit: u32| -> Vec<_> {
+        store
+            .list_recent(tenant, limit)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    };
+    assert_eq!(
+        ids(None, 3),
+        [id(4), id(5), id(6)],
+        "newest three, oldest first"
+    );
+    assert_eq!(ids(None, 100), (1..=6).map(id).collect::<Vec<_>>());
+    // Another tenant's records do not use up a tenant's limit.
+    assert_eq!(ids(Some("team-b"), 2), [id(4), id(6)]);
+    assert_eq!(
+        ids(Some("team-b"), 100),
+        [id(2), id(4), id(6)],
+        "ended ones too"
+    );
+    assert!(ids(Some("nobody"), 10).is_empty());
+}
