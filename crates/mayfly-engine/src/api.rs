@@ -16,7 +16,6 @@ use crate::EngineError;
 /// on the unix socket, the daemonless CLI, the daemon's own token).
 pub const DEFAULT_TENANT: &str = "default";
 
-/// Who is asking: recorded in the audit trail, and what a request may see.
 /// What [`SandboxApi::list`] lists.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListSandboxes {
@@ -28,6 +27,7 @@ pub struct ListSandboxes {
     pub limit: u32,
 }
 
+/// Who is asking: recorded in the audit trail, and what a request may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// How the caller reached us (`unix:uid=0`, `key:k-…`, `cli:pid=1`).

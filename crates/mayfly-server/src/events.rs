@@ -23,7 +23,7 @@ use utoipa::IntoParams;
 
 use crate::auth::Who;
 use crate::exec::accepts_event_stream;
-use crate::extract::{truncate, QueryParams, SandboxPath};
+use crate::extract::{page_limit, truncate, QueryParams, SandboxPath};
 use crate::feed::EventFeed;
 use crate::listen::Stopping;
 use crate::sandboxes::IdParam;
@@ -80,12 +80,7 @@ pub(crate) async fn list_events(
             "since = {since} is negative; sequence numbers start at 1"
         )));
     }
-    let limit = q.limit.unwrap_or(DEFAULT_EVENT_LIMIT);
-    if !(1..=MAX_EVENT_LIMIT).contains(&limit) {
-        return Err(AppError::invalid(format!(
-            "limit = {limit} is out of range; allowed is 1..={MAX_EVENT_LIMIT}"
-        )));
-    }
+    let limit = page_limit(q.limit, DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT)?;
     if !accepts_event_stream(&headers) {
         // A tenant's caller pages its own sandboxes' events only.
         let page = if caller.admin {

@@ -338,6 +338,18 @@ async fn read_capped(req: Request, cap: usize, what: &str) -> Result<Bytes, AppE
     }
 }
 
+/// A page's `?limit=`: `default` when absent, else in `1..=max` or a 400.
+pub(crate) fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, AppError> {
+    let limit = limit.unwrap_or(default);
+    if (1..=max).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(AppError::invalid(format!(
+            "limit = {limit} is out of range; allowed is 1..={max}"
+        )))
+    }
+}
+
 pub(crate) fn truncate(s: &str, max_chars: usize) -> String {
     s.chars().take(max_chars).collect()
 }

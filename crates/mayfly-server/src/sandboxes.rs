@@ -9,7 +9,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::auth::Who;
-use crate::extract::{OptionalJsonBody, QueryParams, SandboxPath};
+use crate::extract::{page_limit, OptionalJsonBody, QueryParams, SandboxPath};
 use crate::{AppError, AppState};
 
 /// `?all=true&limit=N` on `GET /v1/sandboxes`.
@@ -63,12 +63,7 @@ pub(crate) async fn list_sandboxes(
     Who(caller): Who,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Json<SandboxList>, AppError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-        return Err(AppError::invalid(format!(
-            "limit = {limit} is out of range; allowed is 1..={MAX_LIST_LIMIT}"
-        )));
-    }
+    let limit = page_limit(q.limit, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)?;
     let sandboxes = s
         .api
         .list(ListSandboxes {

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::keys::tenant_client;
-use common::{assert_no_leaks, cmd, test_dir, Daemon};
+use common::{assert_no_leaks, cmd, free_port, test_dir, Daemon};
 use mayfly_types::{CreateRequest, Limits, SandboxSource, TenantQuotas};
 
 /// A `task` label that would run script if it were ever put in as markup.
@@ -34,13 +34,6 @@ fn node_modules() -> PathBuf {
         dir.display()
     );
     dir
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a free port")
 }
 
 /// Runs the page check; returns what it saw, or fails with its stderr.

@@ -147,13 +147,11 @@ impl SandboxApi for Engine {
         let records = if q.all {
             // A long history is read off the runtime's workers, on the
             // store's reading connection, and only as far as `limit`.
-            let engine = self.clone();
-            let tenant = q.tenant.clone();
-            tokio::task::spawn_blocking(move || {
-                engine.inner.store.list_recent(tenant.as_deref(), q.limit)
+            let (tenant, limit) = (q.tenant.clone(), q.limit);
+            self.on_store("listing sandboxes", move |s| {
+                s.list_recent(tenant.as_deref(), limit)
             })
-            .await
-            .map_err(|e| EngineError::Internal(format!("the list task failed: {e}")))??
+            .await?
         } else {
             self.inner.store.list_sandboxes(false)?
         };
@@ -463,13 +461,10 @@ impl SandboxApi for Engine {
             // An admin sees every tenant; anyone else their own.
             tenant: (!caller.admin).then(|| caller.tenant.clone()),
         };
-        // A report over a long window reads for a while: off the runtime's
-        // workers (the store reads it on its own read-only connection).
-        let engine = self.clone();
-        tokio::task::spawn_blocking(move || engine.inner.store.stats(&q))
+        // A report over a long window reads for a while (on the store's own
+        // read-only connection).
+        self.on_store("the stats report", move |s| s.stats(&q))
             .await
-            .map_err(|e| EngineError::Internal(format!("the stats task failed: {e}")))?
-            .map_err(EngineError::from)
     }
 }
 

@@ -36,10 +36,9 @@ impl Engine {
         };
         let mut total = 0;
         loop {
-            let engine = self.clone();
-            let n = tokio::task::spawn_blocking(move || prune_once(&engine.inner.store, keep))
-                .await
-                .map_err(|e| EngineError::Internal(format!("the prune task failed: {e}")))??;
+            let n = self
+                .on_store("pruning the history", move |s| prune_once(s, keep))
+                .await?;
             total += n;
             if n < PRUNE_BATCH {
                 break;

@@ -296,6 +296,20 @@ impl Engine {
         }))
     }
 
+    /// Runs `f` on the store on a blocking thread: reads of a long history
+    /// and pruning stay off the runtime's workers.
+    pub(crate) async fn on_store<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&Store) -> Result<T, mayfly_store::StoreError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || f(&engine.inner.store))
+            .await
+            .map_err(|e| EngineError::Internal(format!("{what} failed: {e}")))?
+            .map_err(EngineError::from)
+    }
+
     /// How long a live sandbox has left before its deadline.
     pub fn ttl_left(&self, id: &SandboxId) -> Result<Duration, EngineError> {
         let at = self.lookup(id)?.expires_at.load(Ordering::Relaxed);

@@ -47,6 +47,14 @@ pub fn require_root() {
     );
 }
 
+/// A port nobody listens on right now (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a free port")
+}
+
 /// A name no other test (or earlier run) uses: `<prefix>-<pid>-<nanos>-<n>`.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -111,13 +111,10 @@ async function tenantView() {
   seen.fragment_after_load = dom.window.location.hash;
   seen.token_stored = dom.window.sessionStorage.getItem("mayfly.token") === token;
   seen.live = doc.getElementById("live").textContent;
-  const sbRow = [...doc.querySelectorAll("#sandboxes tbody tr")].find((tr) => tr.cells[0].textContent === sandboxId);
-  seen.sandbox_row = [...sbRow.cells].map((c) => c.textContent);
-  await until("usage of the sandbox", dom, (d) => {
+  const usageRow = await until("usage of the sandbox", dom, (d) => {
     const r = [...d.querySelectorAll("#sandboxes tbody tr")].find((tr) => tr.cells[0].textContent === sandboxId);
     return r && r.cells[8].textContent.endsWith("iB") ? r : null;
   });
-  const usageRow = [...doc.querySelectorAll("#sandboxes tbody tr")].find((tr) => tr.cells[0].textContent === sandboxId);
   seen.sandbox_row = [...usageRow.cells].map((c) => c.textContent);
   seen.pools = [...doc.querySelectorAll("#pools tbody tr")].map((tr) => [...tr.cells].map((c) => c.textContent));
   seen.pool_spin = doc.getElementById("pool-spin").textContent;

@@ -12,13 +12,7 @@ use crate::common::Daemon;
 
 pub const SERVER_PY: &str = include_str!("server.py");
 
-/// A port nobody listens on right now (bound, read, released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a free port")
-}
+pub use crate::common::free_port;
 
 /// A daemon without a warm pool, its gateway on a free port.
 pub async fn daemon() -> (Daemon, u16) {
