@@ -184,3 +184,55 @@ async fn failing_hooks_fail_their_step_by_policy_and_never_block_removal() {
     let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
     assert_no_leaks(&d.state_dir, &ids);
 }
+
+/// A TTL destroy claims the sandbox before its `before_remove` hooks run:
+/// the hook runs whole (the reaper does not start another destroy on its
+/// next tick and kill it), a keepalive meanwhile is refused, and a user's
+/// DELETE waits for it and leaves the reason as `ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_destroy_runs_its_slow_before_remove_hook_whole() {
+    let d = Daemon::start().await;
+    let req = CreateRequest {
+        ttl_secs: Some(1),
+        hooks: Hooks {
+            before_remove: vec![hook("sleep 2; echo slow-done", FailurePolicy::Fail)],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let sb = d.create_with(&req).await;
+    let t0 = std::time::Instant::now();
+    // The deadline passes at 1 s and the reaper looks every 200 ms: by
+    // 1.6 s the hook has started, and it runs until about 3.2 s.
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    let (status, code, _) = common::keys::code(d.client.keepalive(&sb.id, Some(60)).await);
+    assert_eq!(
+        (status, code),
+        (409, ErrorCode::Conflict),
+        "a sandbox being destroyed cannot be kept alive"
+    );
+    let info = d.client.destroy(&sb.id).await.expect("destroy");
+    assert!(
+        t0.elapsed() >= std::time::Duration::from_millis(2800),
+        "the DELETE waited for the hook: {:?}",
+        t0.elapsed()
+    );
+    assert!(info.state.is_terminal() || info.state == mayfly_types::SandboxState::Stopping);
+    let audit = d.client.audit(&sb.id).await.expect("audit");
+    let hooks: Vec<_> = audit
+        .iter()
+        .filter(|a| a.kind.as_deref() == Some("hook:before_remove"))
+        .collect();
+    assert_eq!(hooks.len(), 1, "the hook ran once: {audit:#?}");
+    assert_eq!(hooks[0].exit_code, Some(0), "{audit:#?}");
+    assert_eq!(hooks[0].output.as_deref(), Some("slow-done\n"));
+    for _ in 0..100 {
+        if d.client.get(&sb.id).await.unwrap().state.is_terminal() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let end = d.client.get(&sb.id).await.unwrap();
+    assert_eq!(end.reason.as_deref(), Some("ttl"), "{end:?}");
+    assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
+}

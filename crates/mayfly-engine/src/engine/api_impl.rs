@@ -194,25 +194,30 @@ impl SandboxApi for Engine {
             Ok(sb) => {
                 sb.settled().await;
                 tracing::debug!(%id, caller = %caller.name, "destroy");
-                // First, while the sandbox still runs: its `before_remove`
-                // hooks (failures are recorded, never block the removal).
-                self.before_remove(&sb, caller).await;
-                // Artifacts are collected here, after the before_remove
-                // hooks and before the sandbox is stopped.
-                if !sb.is_stopping() {
-                    self.collect_artifacts(&sb).await;
-                }
-                // Answer once the sandbox is dead (its init and every process
-                // in it are SIGKILLed); cleanup finishes in the background.
-                if self.stop_sandbox(&sb, "user") {
-                    let engine = self.clone();
-                    let tracker = tokio::spawn(async move {
-                        if let Err(e) = engine.finish_destroy(sb, "user").await {
-                            tracing::warn!(error = %e, "finishing a destroy failed");
-                        }
-                    });
-                    self.track_cleanup(tracker);
-                }
+                // Hooks, artifacts and the kill run in a task of their own:
+                // a client that hangs up mid-hook cannot leave the destroy
+                // claimed and never finished. A destroy already under way
+                // (a TTL's, with its hooks) is waited for, not overtaken.
+                let (engine, caller) = (self.clone(), caller.clone());
+                let stop = tokio::spawn(async move {
+                    if !engine.prepare_destroy(&sb, "user", &caller).await {
+                        engine.await_stop(&sb).await;
+                    }
+                    // Answer once the sandbox is dead (its init and every
+                    // process in it are SIGKILLed); cleanup finishes in the
+                    // background.
+                    if engine.stop_sandbox(&sb, "user") {
+                        let e = engine.clone();
+                        let tracker = tokio::spawn(async move {
+                            if let Err(err) = e.finish_destroy(sb, "user").await {
+                                tracing::warn!(error = %err, "finishing a destroy failed");
+                            }
+                        });
+                        engine.track_cleanup(tracker);
+                    }
+                });
+                stop.await
+                    .map_err(|e| EngineError::Internal(format!("a destroy failed: {e}")))?;
                 self.info(id)
             }
             // Idempotent: a sandbox that already ended answers with its record.

@@ -18,24 +18,29 @@ use crate::EngineError;
 
 impl Engine {
     /// Destroys a live sandbox and waits for the full cleanup. Concurrent
-    /// calls wait for the first to finish.
+    /// calls wait for the first to finish. The work runs in a task of its
+    /// own, so a caller that goes away (a client that hangs up) cannot leave
+    /// a destroy half done.
     pub(crate) async fn destroy_sandbox(
         &self,
         sb: Arc<Sandbox>,
         reason: &str,
     ) -> Result<SandboxInfo, EngineError> {
+        let (engine, reason) = (self.clone(), reason.to_owned());
+        tokio::spawn(async move { engine.destroy_now(sb, &reason).await })
+            .await
+            .map_err(|e| EngineError::Internal(format!("a destroy failed: {e}")))?
+    }
+
+    async fn destroy_now(
+        &self,
+        sb: Arc<Sandbox>,
+        reason: &str,
+    ) -> Result<SandboxInfo, EngineError> {
         sb.settled().await;
-        // First, while the sandbox still runs (unless init is gone or its
-        // create failed): its `before_remove` hooks, which never block.
-        if reason != super::lifecycle::CREATE_FAILED {
-            let caller = crate::api::Caller::new(format!("mayfly:{reason}"));
-            self.before_remove(&sb, &caller).await;
-        }
-        // Artifacts are collected here, after the before_remove hooks and
-        // before the sandbox is stopped.
-        if !sb.is_stopping() {
-            // While the sandbox still runs (hooks before removal go first).
-            self.collect_artifacts(&sb).await;
+        let caller = crate::api::Caller::new(format!("mayfly:{reason}"));
+        if !self.prepare_destroy(&sb, reason, &caller).await {
+            self.await_stop(&sb).await;
         }
         if !self.stop_sandbox(&sb, reason) {
             let notified = sb.destroyed.notified();
@@ -45,6 +50,37 @@ impl Engine {
             return self.info(&sb.id);
         }
         self.finish_destroy(sb, reason).await
+    }
+
+    /// Claims the sandbox's destroy for this caller and does what comes
+    /// before the kill, while the sandbox still runs: its `before_remove`
+    /// hooks (unless its create failed) and then the artifact collection.
+    /// False, having done nothing, when another destroy has claimed it:
+    /// that one's hooks may still be running, and it records the reason.
+    pub(crate) async fn prepare_destroy(
+        &self,
+        sb: &Arc<Sandbox>,
+        reason: &str,
+        caller: &crate::api::Caller,
+    ) -> bool {
+        if !sb.begin_destroy() {
+            return false;
+        }
+        if reason != super::lifecycle::CREATE_FAILED {
+            self.before_remove(sb, caller).await;
+        }
+        if !sb.is_stopping() {
+            self.collect_artifacts(sb).await;
+        }
+        true
+    }
+
+    /// Waits until the destroy another caller claimed has killed the
+    /// sandbox (its hooks have their own timeouts).
+    pub(crate) async fn await_stop(&self, sb: &Sandbox) {
+        while !sb.is_stopping() && !sb.done.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The fast half of destroy: record `stopping` and SIGKILL init (which

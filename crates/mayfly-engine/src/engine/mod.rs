@@ -321,7 +321,7 @@ impl Engine {
     fn reap_expired(&self) {
         let now = now_ms();
         for sb in self.live() {
-            if sb.is_stopping() || sb.is_pooled() {
+            if sb.is_destroying() || sb.is_stopping() || sb.is_pooled() {
                 continue;
             }
             let reason = if sb.expires_at.load(Ordering::Relaxed) <= now {
@@ -344,7 +344,7 @@ impl Engine {
     ) -> Result<mayfly_types::SandboxInfo, EngineError> {
         let sb = self.lookup(id)?;
         sb.settled().await;
-        if sb.is_stopping() {
+        if sb.is_stopping() || sb.is_destroying() {
             return Err(EngineError::NotReady {
                 id: id.clone(),
                 state: mayfly_types::SandboxState::Stopping,

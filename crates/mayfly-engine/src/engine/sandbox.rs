@@ -83,8 +83,9 @@ pub(crate) struct Sandbox {
     pub services: Mutex<Vec<Arc<super::lifecycle::services::Service>>>,
     /// The uid its create-time file secrets belong to now.
     pub secret_owner: Mutex<Option<u32>>,
-    /// Set by the first removal that runs the `before_remove` hooks.
-    pub removing: AtomicBool,
+    /// Set by the first destroy, before its `before_remove` hooks run;
+    /// later ones (and the TTL and idle reaper) leave the sandbox to it.
+    destroying: AtomicBool,
 }
 
 /// A command's working directory and uid when its request names none.
@@ -144,7 +145,7 @@ impl Sandbox {
             lifecycle: OnceLock::new(),
             services: Mutex::new(Vec::new()),
             secret_owner: Mutex::new(None),
-            removing: AtomicBool::new(false),
+            destroying: AtomicBool::new(false),
         }
     }
 
@@ -159,6 +160,16 @@ impl Sandbox {
 
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Whether a destroy has begun (its hooks may still be running).
+    pub fn is_destroying(&self) -> bool {
+        self.destroying.load(Ordering::SeqCst)
+    }
+
+    /// Claims the sandbox's destroy; true for the one caller that gets it.
+    pub fn begin_destroy(&self) -> bool {
+        !self.destroying.swap(true, Ordering::SeqCst)
     }
 
     /// Marks the sandbox stopping; true for the one caller that gets to stop it.

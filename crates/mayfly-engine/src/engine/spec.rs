@@ -49,6 +49,29 @@ pub(crate) fn check_template(template: &TemplateRef) -> Result<(), EngineError> 
     Ok(())
 }
 
+/// A `dir:` template and a local workspace repository (a path or a
+/// `file://` URL) name files on the daemon's host, which the daemon reads as
+/// root: only an admin may name them. Checked before the path is looked at,
+/// so a tenant cannot even learn whether it exists.
+pub(crate) fn check_host_paths(req: &CreateRequest, caller: &Caller) -> Result<(), EngineError> {
+    if caller.admin {
+        return Ok(());
+    }
+    if let Some(TemplateRef::Dir(_)) = &req.template {
+        return Err(EngineError::Forbidden(
+            "a `dir:` template names a directory on the daemon's host: only an admin may use one; use `host` or a built template".into(),
+        ));
+    }
+    if let Some(ws) = &req.workspace {
+        if crate::workspace::is_local_repo(&ws.repo) {
+            return Err(EngineError::Forbidden(
+                "a workspace repository on the daemon's host (a path or a file:// URL) is for admins only; use an http(s):// or git:// URL".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Environment keys must be non-empty, without `=` or NUL.
 pub(crate) fn check_env(
     env: &std::collections::BTreeMap<String, String>,
@@ -140,6 +163,7 @@ impl super::Engine {
         {
             return Err(EngineError::ShuttingDown);
         }
+        check_host_paths(&req, caller)?;
         let template = req.template.clone().unwrap_or(TemplateRef::Host);
         let resolved = match resolved {
             Some(r) => r,

@@ -16,4 +16,4 @@ pub mod git;
 pub mod validate;
 
 pub use git::{Checkout, GitCache, WorkspaceError};
-pub use validate::{check_ref_name, check_repo, check_workspace};
+pub use validate::{check_ref_name, check_repo, check_workspace, is_local_repo};

@@ -39,6 +39,15 @@ pub fn check_repo(repo: &str) -> Result<(), EngineError> {
     }
 }
 
+/// Whether a repository names the daemon's own files: an absolute path or
+/// a `file://` URL (case-insensitively, as git reads schemes).
+pub fn is_local_repo(repo: &str) -> bool {
+    repo.starts_with('/')
+        || repo
+            .get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("file://"))
+}
+
 /// A ref or branch name under `git check-ref-format`'s rules, stricter:
 /// printable ASCII, no component starting with `.` or ending in `.lock`,
 /// no `..`, `@{`, `//`, none of `~^:?*[\`, not starting with `-` or `/`,

@@ -166,12 +166,10 @@ impl Engine {
     }
 
     /// The `before_remove` hooks, while the sandbox still runs: failures
-    /// are recorded and never stop the removal.
+    /// are recorded and never stop the removal. Run by the destroy that
+    /// claimed the sandbox ([`Engine::prepare_destroy`]), once.
     pub(crate) async fn before_remove(&self, sb: &Arc<Sandbox>, caller: &Caller) {
-        if sb.lifecycle().hooks.before_remove.is_empty()
-            || sb.is_stopping()
-            || sb.conn.is_closed()
-            || sb.removing.swap(true, std::sync::atomic::Ordering::SeqCst)
+        if sb.lifecycle().hooks.before_remove.is_empty() || sb.is_stopping() || sb.conn.is_closed()
         {
             return;
         }
