@@ -81,7 +81,8 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
     tracing::info!(socket = %cli.socket.display(), "mayfly daemon ready");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing a SIGTERM handler")?;
-    let (mode, grace, drainer) = (a.shutdown, a.shutdown_grace, engine.clone());
+    let (mode, grace, stopper) = (a.shutdown, a.shutdown_grace, engine.clone());
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -95,16 +96,36 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
                     _ = term.recv() => {}
                 }
             };
-            let left = drainer.drain(grace, second).await;
+            let left = stopper.drain(grace, second).await;
             tracing::info!(left, "drain over");
         }
+        // The sandboxes go before the listeners stop: a request still in
+        // flight (an exec of `sleep`, a stream, a wait) ends with its
+        // sandbox, instead of holding the shutdown until its TTL.
+        tracing::info!("shutting down: destroying live sandboxes");
+        stopper.shutdown().await;
+        let _ = stopped_tx.send(());
     };
-    mayfly_server::serve(app, listeners, shutdown).await?;
-    tracing::info!("shutting down: destroying live sandboxes");
-    engine.shutdown().await;
+    let served = mayfly_server::serve(app, listeners, shutdown);
+    // Requests that outlive every sandbox (a client slow to read its
+    // answer) get a few seconds; the daemon does not wait on them longer.
+    let linger = async {
+        if stopped_rx.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_LINGER).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        r = served => r?,
+        () = linger => tracing::warn!(after = ?SHUTDOWN_LINGER, "requests still open at shutdown were cut"),
+    }
     engine.wait_cleanup().await;
     Ok(0)
 }
+
+/// How long requests still open after every sandbox has gone may take.
+const SHUTDOWN_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The gateway's listener: the address given, `off` for none, or the
 /// default one, which may be taken (then the daemon runs without a gateway

@@ -229,3 +229,46 @@ async fn a_draining_shutdown_serves_live_sandboxes_and_refuses_new_ones() {
     let ids: Vec<String> = recs.iter().map(|r| r.id.to_string()).collect();
     assert_no_leaks(&state, &ids);
 }
+
+/// A request in flight does not hold a shutdown up: a command with no
+/// timeout (`sleep` for a day) ends with its sandbox, in both modes (a
+/// drain after its grace), and the record says `daemon_shutdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_does_not_wait_for_a_request_in_flight() {
+    for args in [
+        &[][..],
+        &["--shutdown", "drain", "--shutdown-grace", "1s"][..],
+    ] {
+        let mut d = Daemon::start_with(args).await;
+        let sb = d.create().await;
+        let (client, id) = (d.client.clone(), sb.id.clone());
+        let exec =
+            tokio::spawn(async move { client.exec(&id, &common::cmd(&["sleep", "86400"])).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!exec.is_finished(), "{args:?}: the exec is running");
+        let t = Instant::now();
+        // SAFETY: kill(2) on the daemon's pid, a child of this test we have not reaped.
+        unsafe { libc::kill(d.pid as i32, libc::SIGTERM) };
+        while d.is_running() && t.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !d.is_running(),
+            "{args:?}: the daemon still runs 20 s after SIGTERM; log:\n{}",
+            d.log()
+        );
+        let r = tokio::time::timeout(Duration::from_secs(5), exec)
+            .await
+            .expect("the exec's request ended with the daemon")
+            .expect("join");
+        if let Ok(out) = r {
+            assert_ne!(out.status.exit_code, Some(0), "{args:?}: {out:?}");
+        }
+        let store = mayfly_store::Store::open(&d.state_dir).expect("store");
+        let recs = store.list_sandboxes(true).expect("records");
+        let mine = recs.iter().find(|r| r.id == sb.id).expect("its record");
+        assert_eq!(mine.reason.as_deref(), Some("daemon_shutdown"), "{args:?}");
+        let ids: Vec<String> = recs.iter().map(|r| r.id.to_string()).collect();
+        assert_no_leaks(&d.state_dir, &ids);
+    }
+}
