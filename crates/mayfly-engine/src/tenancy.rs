@@ -62,8 +62,13 @@ pub trait TenancyApi: Send + Sync {
     async fn create_key(&self, req: &CreateKeyRequest) -> Result<CreatedKey, EngineError>;
     /// Every key, revoked ones included; never a secret.
     async fn keys(&self) -> Result<Vec<KeyInfo>, EngineError>;
-    /// Revokes a key; its next request is refused. Idempotent.
+    /// Revokes a key; its next request is refused, and requests it holds
+    /// open (streams, forwards) are cut. Idempotent.
     async fn revoke_key(&self, id: &str) -> Result<KeyInfo, EngineError>;
+
+    /// Moves whenever a key is revoked or a tenant removed: a request that
+    /// stays open re-authenticates its key then, and ends if it fails.
+    fn revocations(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
 /// Checks a tenant name and quotas the way every [`TenancyApi`] must.

@@ -29,6 +29,7 @@ use mayfly_store::constant_time_eq;
 use mayfly_types::{ErrorCode, KEY_PREFIX};
 use tokio::net::{TcpListener, UnixListener};
 
+use crate::revocable::{until_revoked, Revocable};
 use crate::{AppError, AppState};
 
 /// The far end of a connection, as the listener that accepted it saw it.
@@ -97,7 +98,8 @@ pub(crate) async fn authenticate(
         .extensions()
         .get::<ConnectInfo<Peer>>()
         .map(|ConnectInfo(p)| p.clone());
-    let caller = match api_key(&req) {
+    let key = api_key(&req).map(str::to_owned);
+    let caller = match key.as_deref() {
         Some(key) => by_key(&state, key).await,
         None => match peer {
             Some(p @ Peer::Unix { .. }) => Ok(p.caller()),
@@ -111,14 +113,21 @@ pub(crate) async fn authenticate(
     match caller {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            let resp = next.run(req).await;
+            // A key's response that streams on is cut if the key is revoked.
+            match key {
+                Some(key) => {
+                    resp.map(|body| Revocable::wrap(body, until_revoked(state.api.clone(), key)))
+                }
+                None => resp,
+            }
         }
         Err(e) => refused(e),
     }
 }
 
 /// The API key the request presents, if its bearer token is one.
-fn api_key(req: &Request) -> Option<&str> {
+pub(crate) fn api_key(req: &Request) -> Option<&str> {
     req.headers()
         .get(header::AUTHORIZATION)?
         .to_str()

@@ -47,10 +47,19 @@ pub(crate) async fn connect_port(
         .ok_or_else(|| AppError::new(ErrorCode::NotFound, "this daemon has no gateway"))?;
     // Connect first, so a closed port is a clean error, not a dead stream.
     let mut upstream = gw.connect(&id, port).await?;
+    // A forward opened with a key ends when the key is revoked.
+    let revoked = match crate::auth::api_key(&req) {
+        Some(key) => crate::revocable::until_revoked(s.api.clone(), key.to_owned()),
+        None => Box::pin(std::future::pending()),
+    };
     let on = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         if let Ok(up) = on.await {
-            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(up), &mut upstream).await;
+            let mut up = TokioIo::new(up);
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut up, &mut upstream) => {}
+                () = revoked => tracing::info!(%id, port, "a forward was cut: its API key was revoked"),
+            }
         }
     });
     let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();

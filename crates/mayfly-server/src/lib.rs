@@ -31,6 +31,7 @@ mod openapi;
 mod pools;
 mod ports;
 mod processes;
+mod revocable;
 mod routes;
 mod run;
 mod sandboxes;

@@ -60,3 +60,78 @@ async fn a_tenant_cannot_name_host_paths_in_a_create() {
     assert_eq!(r.json()["code"], "invalid_argument");
     d.assert_healthy().await;
 }
+
+/// A key is checked when a request arrives, and again for every request it
+/// holds open when a key is revoked: an admin key's live event stream (every
+/// tenant's events) is cut at its revocation, not at the daemon's exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_key_loses_the_stream_it_holds_open() {
+    let d = Daemon::start().await;
+    let (_, secret) = tenant_client(&d, "ops", TenantQuotas::default(), true).await;
+    let (_, other) = tenant_client(&d, "ops", TenantQuotas::default(), true).await;
+    let stream = |key: &str| {
+        std::process::Command::new("curl")
+            .args(["-sS", "-N", "--max-time", "60", "--unix-socket"])
+            .arg(&d.socket)
+            .args(["-H", &format!("Authorization: Bearer {key}")])
+            .args(["-H", "Accept: text/event-stream"])
+            .arg("http://mayfly/v1/events")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl")
+    };
+    let mut revoked = stream(&secret);
+    let mut kept = stream(&other);
+    // Both streams are open and live: a create's events reach them.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let sb = d.create().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(revoked.try_wait().unwrap().is_none(), "the stream is open");
+    d.client.revoke_key(&secret[4..16]).await.expect("revoke");
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = revoked.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "the revoked key's stream is still open 10 s later"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let out = revoked.wait_with_output().unwrap();
+    let got = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(got.contains(sb.id.as_str()), "it was live before: {got}");
+    assert!(
+        !status.success(),
+        "cut, not ended as if complete: {status:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The other key's stream stays.
+    assert!(
+        kept.try_wait().unwrap().is_none(),
+        "the other key's stream was cut"
+    );
+    kept.kill().unwrap();
+    let _ = kept.wait();
+}
+
+/// A refused `PUT /v1/pools/{name}` leaves no pool behind.
+#[tokio::test]
+async fn an_invalid_new_pool_is_refused_whole() {
+    let d = Daemon::start().await;
+    for body in [
+        r#"{"target":5,"max":2}"#,
+        r#"{"target":1,"refill_concurrency":0}"#,
+        r#"{"target":1,"max":1000000}"#,
+    ] {
+        let r = http(&d.socket, "PUT", "/v1/pools/fresh", None, Some(body));
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let pools = d.client.pools().await.expect("pools");
+        assert!(
+            pools.iter().all(|p| p.name != "fresh"),
+            "{body}: the refused pool exists: {pools:?}"
+        );
+    }
+}

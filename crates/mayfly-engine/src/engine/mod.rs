@@ -74,6 +74,9 @@ struct Inner {
     host: Vec<(&'static str, HostEntry)>,
     sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     shutting_down: AtomicBool,
+    /// Counts key revocations and tenant removals: requests that stay open
+    /// (streams, forwards) re-check their key when it moves.
+    revocations: tokio::sync::watch::Sender<u64>,
     /// This process, recorded as every sandbox's owner.
     owner: owner::Owner,
     recovery: RecoveryReport,
@@ -202,6 +205,7 @@ impl Engine {
             host,
             sandboxes: RwLock::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            revocations: tokio::sync::watch::Sender::new(0),
             owner,
             recovery: RecoveryReport::default(),
             cleanups: std::sync::Mutex::new(Vec::new()),

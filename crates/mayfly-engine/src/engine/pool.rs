@@ -166,7 +166,7 @@ impl Engine {
                     if let Some(id) = p.ready.pop_front() {
                         p.claims += 1;
                         p.last_claim = Some(Instant::now());
-                        got = Some((id, name.clone()));
+                        got = Some((id, name.clone(), p.generation));
                         break;
                     }
                     first.get_or_insert(p);
@@ -178,7 +178,7 @@ impl Engine {
                 }
                 got
             };
-            let Some((id, pool)) = taken else {
+            let Some((id, pool, generation)) = taken else {
                 self.inner.pools.wake.notify_one();
                 return Ok(None);
             };
@@ -193,7 +193,7 @@ impl Engine {
             let admission = match self.admit_claim(caller, &boot.limits) {
                 Ok(a) => a,
                 Err(e) => {
-                    self.put_back(&pool, id, boot);
+                    self.put_back(&pool, generation, id);
                     return Err(e);
                 }
             };
@@ -250,12 +250,13 @@ impl Engine {
     }
 
     /// Returns an unclaimed sandbox to the front of its pool after a refused
-    /// claim, or destroys it if the pool changed meanwhile.
-    fn put_back(&self, pool: &str, id: SandboxId, boot: &Boot) {
+    /// claim, or destroys it if the pool changed meanwhile (a drain, a new
+    /// template, limits or network: a new generation) or is full again.
+    fn put_back(&self, pool: &str, generation: u64, id: SandboxId) {
         {
             let mut pools = self.lock_pools();
             if let Some(p) = pools.get_mut(pool) {
-                if p.template == boot.template && p.limits == boot.limits {
+                if p.generation == generation && p.ready.len() < p.target as usize {
                     if let Some(e) = self.lookup_any(&id).and_then(|sb| sb.egress.get().cloned()) {
                         e.set_policy(super::network::closed_policy());
                     }
@@ -308,6 +309,36 @@ impl Engine {
         let mut evicted = Vec::new();
         {
             let mut pools = self.lock_pools();
+            // Validated before a new pool is made: a refused PUT leaves
+            // nothing behind.
+            let current = pools.get(name);
+            let template = template
+                .unwrap_or_else(|| current.map_or(TemplateRef::Host, |p| p.template.clone()));
+            let network = spec.network.unwrap_or(current.is_some_and(|p| p.network));
+            if network {
+                self.egress_ready()?;
+            }
+            let target = spec.target.unwrap_or(current.map_or(0, |p| p.target));
+            let max = spec.max.unwrap_or(current.map_or(0, |p| p.max).max(target));
+            let conc = spec
+                .refill_concurrency
+                .unwrap_or(current.map_or(DEFAULT_REFILL_CONCURRENCY, |p| p.refill_concurrency));
+            if target > max {
+                return Err(EngineError::Invalid(format!(
+                    "pool `{name}`: target {target} is above max {max}"
+                )));
+            }
+            if max > cfg.slots() {
+                return Err(EngineError::Invalid(format!(
+                    "pool `{name}`: max {max} is above the daemon's cap of {} sandboxes",
+                    cfg.slots()
+                )));
+            }
+            if !(1..=MAX_REFILL_CONCURRENCY).contains(&conc) {
+                return Err(EngineError::Invalid(format!(
+                    "pool `{name}`: refill_concurrency {conc} is out of range; allowed is 1..={MAX_REFILL_CONCURRENCY}"
+                )));
+            }
             let p = pools.entry(name.to_owned()).or_insert_with(|| Pool {
                 template: TemplateRef::Host,
                 resolved: resolved.clone(),
@@ -325,30 +356,6 @@ impl Engine {
                 backoff_until: None,
                 last_claim: None,
             });
-            let template = template.unwrap_or_else(|| p.template.clone());
-            let network = spec.network.unwrap_or(p.network);
-            if network {
-                self.egress_ready()?;
-            }
-            let target = spec.target.unwrap_or(p.target);
-            let max = spec.max.unwrap_or(p.max.max(target));
-            let conc = spec.refill_concurrency.unwrap_or(p.refill_concurrency);
-            if target > max {
-                return Err(EngineError::Invalid(format!(
-                    "pool `{name}`: target {target} is above max {max}"
-                )));
-            }
-            if max > cfg.slots() {
-                return Err(EngineError::Invalid(format!(
-                    "pool `{name}`: max {max} is above the daemon's cap of {} sandboxes",
-                    cfg.slots()
-                )));
-            }
-            if !(1..=MAX_REFILL_CONCURRENCY).contains(&conc) {
-                return Err(EngineError::Invalid(format!(
-                    "pool `{name}`: refill_concurrency {conc} is out of range; allowed is 1..={MAX_REFILL_CONCURRENCY}"
-                )));
-            }
             if p.template != template
                 || p.limits != limits
                 || p.network != network

@@ -153,6 +153,7 @@ impl TenancyApi for Engine {
             TenantRemoval::HasSandboxes { live } => Err(busy(live).into()),
             TenantRemoval::Removed { revoked_keys } => {
                 ledger.remove_tenant(name).map_err(busy)?;
+                self.inner.revocations.send_modify(|n| *n += 1);
                 tracing::info!(tenant = %name, revoked_keys, "tenant removed");
                 Ok(())
             }
@@ -187,7 +188,12 @@ impl TenancyApi for Engine {
             .store
             .revoke_key(id)?
             .ok_or_else(|| TenancyError::NoSuchKey { id: id.to_owned() })?;
+        self.inner.revocations.send_modify(|n| *n += 1);
         tracing::info!(key = %id, "API key revoked");
         Ok(info)
+    }
+
+    fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.revocations.subscribe()
     }
 }

@@ -15,12 +15,14 @@ use super::FakeEngine;
 /// The fake's store of tenants and keys.
 pub struct FakeTenancy {
     pub store: Store,
+    pub revocations: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for FakeTenancy {
     fn default() -> Self {
         FakeTenancy {
             store: Store::open_in_memory().expect("an in-memory store"),
+            revocations: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -183,9 +185,16 @@ impl TenancyApi for FakeEngine {
     }
 
     async fn revoke_key(&self, id: &str) -> Result<KeyInfo, EngineError> {
-        self.tenancy
+        let info = self
+            .tenancy
             .store
             .revoke_key(id)?
-            .ok_or_else(|| TenancyError::NoSuchKey { id: id.to_owned() }.into())
+            .ok_or_else(|| TenancyError::NoSuchKey { id: id.to_owned() })?;
+        self.tenancy.revocations.send_modify(|n| *n += 1);
+        Ok(info)
+    }
+
+    fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.tenancy.revocations.subscribe()
     }
 }
