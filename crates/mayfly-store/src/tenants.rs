@@ -131,7 +131,8 @@ impl Store {
         Ok((rec, created_at.is_none()))
     }
 
-    /// Removes a tenant that has no live sandbox, and revokes its keys.
+    /// Removes a tenant that has no live sandbox, and revokes its keys. Its
+    /// ended sandboxes' records are kept under [`removed_tenant`].
     pub fn remove_tenant(&self, name: &str) -> Result<TenantRemoval, StoreError> {
         let now = self.now();
         let mut conn = self.conn();
@@ -158,6 +159,13 @@ impl Store {
         let revoked = tx.execute(
             "UPDATE api_keys SET revoked_at = ?2 WHERE tenant = ?1 AND revoked_at IS NULL",
             params![name, now],
+        )?;
+        // Its history stays, under a name no tenant can take (`~` is not
+        // allowed in one), so a tenant made later under the same name does
+        // not inherit its records, audit, events or artifacts.
+        tx.execute(
+            "UPDATE sandboxes SET tenant = ?2 WHERE tenant = ?1",
+            params![name, removed_tenant(name, now)],
         )?;
         tx.execute("DELETE FROM tenants WHERE name = ?1", [name])?;
         tx.commit()?;
@@ -393,4 +401,9 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         .zip(b)
         .fold(0u8, |acc, (x, y)| acc | std::hint::black_box(x ^ y));
     diff == 0
+}
+
+/// What a removed tenant's records are kept under: `<name>~<removed at, ms>`.
+pub fn removed_tenant(name: &str, at_ms: mayfly_types::UnixMillis) -> String {
+    format!("{name}~{at_ms}")
 }

@@ -210,6 +210,13 @@ fn a_tenant_with_live_sandboxes_is_not_removed() {
         store.remove_tenant("acme").unwrap(),
         TenantRemoval::Removed { revoked_keys: 0 }
     );
+    // Its history stays, under a name a new `acme` does not have.
+    store.put_tenant("acme", &quotas()).unwrap();
+    for n in [1, 2] {
+        let t = store.get_sandbox(&id(n)).unwrap().unwrap().tenant.unwrap();
+        assert!(t.starts_with("acme~"), "{t}");
+        assert!(mayfly_types::check_tenant_name(&t).is_err(), "{t}");
+    }
 }
 
 #[test]
