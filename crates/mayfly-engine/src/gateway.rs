@@ -20,6 +20,8 @@ use crate::EngineError;
 /// The loopback port the daemon listens on inside a sandbox's network
 /// namespace once the sandbox overrides a service, so its services can call
 /// other services through the gateway (`http://127.0.0.1:15080`).
+/// It is reserved: no preview, exposure, override or TCP forward may target
+/// it, since a request sent there would come back into the gateway.
 pub const IN_SANDBOX_GATEWAY_PORT: u16 = 15080;
 
 /// Why the gateway refuses a request or cannot reach its upstream.
@@ -31,6 +33,8 @@ pub enum GatewayError {
     BadToken { id: SandboxId },
     #[error("there is no route `{service}`, and the request's routing key names no sandbox that overrides it")]
     NoSuchRoute { service: String },
+    #[error("port {port} is the gateway's own listener inside sandbox {id}; it cannot be previewed, exposed, forwarded or used by an override")]
+    ReservedPort { id: SandboxId, port: u16 },
     #[error("cannot reach port {port} of sandbox {id}: {reason}")]
     SandboxUnreachable {
         id: SandboxId,
@@ -45,9 +49,20 @@ impl GatewayError {
             GatewayError::TokenRequired { .. } => ErrorCode::Unauthenticated,
             GatewayError::BadToken { .. } => ErrorCode::PermissionDenied,
             GatewayError::NoSuchRoute { .. } => ErrorCode::NotFound,
+            GatewayError::ReservedPort { .. } => ErrorCode::InvalidArgument,
             GatewayError::SandboxUnreachable { .. } => ErrorCode::BadGateway,
         }
     }
+}
+
+/// Why a preview request was let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreviewAccess {
+    /// The request presented the sandbox's token.
+    Token,
+    /// The port is public; the request presented no token, or not this
+    /// sandbox's.
+    Public,
 }
 
 /// Where a service request goes.
@@ -72,15 +87,24 @@ pub struct InSandboxListener {
 #[async_trait]
 pub trait GatewayApi: Send + Sync {
     /// Checks a preview request for `port` of sandbox `id`: the sandbox is
-    /// live and claimed, and the port is public or `token` is its token.
-    /// Counts as activity for the idle timeout.
-    fn preview(&self, id: &SandboxId, port: u16, token: Option<&str>) -> Result<(), EngineError>;
+    /// live and claimed, the port is not [`IN_SANDBOX_GATEWAY_PORT`], and
+    /// the port is public or `token` is its token. Only a request let
+    /// through counts as activity for the idle timeout.
+    fn preview(
+        &self,
+        id: &SandboxId,
+        port: u16,
+        token: Option<&str>,
+    ) -> Result<PreviewAccess, EngineError>;
     /// Where a request for `service` with routing key `key` goes: the
     /// sandbox `key` names if it overrides the service, else the baseline.
+    /// No token is asked for: an override publishes its port, for that
+    /// service, to every request carrying the sandbox's key.
     fn route(&self, service: &str, key: Option<&SandboxId>) -> Result<RouteTarget, EngineError>;
     /// A TCP connection to `127.0.0.1:port` inside the sandbox's network
     /// namespace. Never a host connection: a sandbox that is gone, stopping
-    /// or unclaimed is an error.
+    /// or unclaimed is an error, and so is [`IN_SANDBOX_GATEWAY_PORT`].
+    /// Callers authorise first; the connection counts as activity.
     async fn connect(
         &self,
         id: &SandboxId,
@@ -89,7 +113,8 @@ pub trait GatewayApi: Send + Sync {
 
     /// The sandbox's token, exposed ports and overrides.
     async fn ports(&self, id: &SandboxId) -> Result<SandboxPorts, EngineError>;
-    /// Exposes a port (public: reachable without the token).
+    /// Exposes a port (public: reachable without the token); never
+    /// [`IN_SANDBOX_GATEWAY_PORT`].
     async fn expose(
         &self,
         id: &SandboxId,
@@ -98,7 +123,8 @@ pub trait GatewayApi: Send + Sync {
     ) -> Result<PortInfo, EngineError>;
     /// Takes a port's exposure back (it needs the token again).
     async fn unexpose(&self, id: &SandboxId, port: u16) -> Result<(), EngineError>;
-    /// Routes `service` to the sandbox's `port` for requests with its key.
+    /// Routes `service` to the sandbox's `port` for requests with its key;
+    /// never to [`IN_SANDBOX_GATEWAY_PORT`].
     async fn set_override(
         &self,
         id: &SandboxId,

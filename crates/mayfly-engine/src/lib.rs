@@ -31,7 +31,8 @@ pub use engine::{
 };
 pub use error::EngineError;
 pub use gateway::{
-    GatewayApi, GatewayError, InSandboxListener, RouteTarget, IN_SANDBOX_GATEWAY_PORT,
+    GatewayApi, GatewayError, InSandboxListener, PreviewAccess, RouteTarget,
+    IN_SANDBOX_GATEWAY_PORT,
 };
 pub use mayfly_types::UploadSummary;
 pub use runtime::zygote::Zygote;

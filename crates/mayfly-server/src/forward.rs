@@ -22,7 +22,7 @@ pub const TCP_UPGRADE: &str = "mayfly-tcp";
            ("port" = u16, Path, description = "1 to 65535.")),
     responses(
         (status = 101, description = "Switched to a raw TCP stream."),
-        (status = 400, description = "No `Upgrade: mayfly-tcp`, or a port out of range.", body = ApiError),
+        (status = 400, description = "No `Upgrade: mayfly-tcp`, a port out of range, or the reserved 15080.", body = ApiError),
         (status = 404, description = "No such sandbox.", body = ApiError),
         (status = 502, description = "Nothing listens on the port.", body = ApiError),
     ))]

@@ -98,14 +98,15 @@ pub(crate) async fn list_ports(
 }
 
 /// Expose a port of the sandbox through the gateway; `public` makes it
-/// reachable without the sandbox's token.
+/// reachable without the sandbox's token. Port 15080, the gateway's own
+/// inside the sandbox, is refused.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/ports/{port}", tag = "gateway",
     params(("id" = String, Path, description = "The sandbox id."),
            ("port" = u16, Path, description = "1 to 65535.")),
     request_body(content = ExposeRequest, content_type = "application/json"),
     responses(
         (status = 200, body = PortInfo),
-        (status = 400, description = "A port out of range.", body = ApiError),
+        (status = 400, description = "A port out of range, or the reserved 15080.", body = ApiError),
         (status = 404, description = "No such sandbox.", body = ApiError),
     ))]
 pub(crate) async fn expose_port(
@@ -135,14 +136,16 @@ pub(crate) async fn unexpose_port(
 }
 
 /// Route a service to this sandbox's port for requests whose routing key
-/// names the sandbox.
+/// names the sandbox. This publishes the port, for that service, to every
+/// request that reaches the gateway with the sandbox's key: no token is
+/// asked for. Port 15080, the gateway's own inside the sandbox, is refused.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/overrides/{service}", tag = "gateway",
     params(("id" = String, Path, description = "The sandbox id."),
            ("service" = String, Path, description = "A service name.")),
     request_body(content = OverrideRequest, content_type = "application/json"),
     responses(
         (status = 200, body = ServiceOverride),
-        (status = 400, description = "A bad service name or port.", body = ApiError),
+        (status = 400, description = "A bad service name or port, or the reserved 15080.", body = ApiError),
         (status = 404, description = "No such sandbox.", body = ApiError),
     ))]
 pub(crate) async fn set_override(

@@ -32,6 +32,9 @@ pub enum ErrorCode {
     /// The gateway could not reach the upstream: nothing listens on the
     /// sandbox's port, or the baseline is down (502).
     BadGateway,
+    /// The gateway refused a request that has already passed through it too
+    /// many times (`X-Mayfly-Hops`): a routing loop (508).
+    LoopDetected,
 }
 
 impl ErrorCode {
@@ -50,6 +53,7 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
             ErrorCode::BadGateway => 502,
+            ErrorCode::LoopDetected => 508,
         }
     }
 
@@ -66,6 +70,7 @@ impl ErrorCode {
             429 => ErrorCode::ResourceExhausted,
             502 => ErrorCode::BadGateway,
             503 => ErrorCode::Unavailable,
+            508 => ErrorCode::LoopDetected,
             s if (400..500).contains(&s) => ErrorCode::InvalidArgument,
             _ => ErrorCode::Internal,
         }

@@ -54,12 +54,13 @@ async fn preview_urls_serve_a_page_from_inside_the_sandbox_with_its_token() {
         "{b}"
     );
 
-    // The query parameter sets a cookie, and the cookie alone then works;
-    // neither the parameter nor the token headers reach the server.
+    // The query parameter sets a cookie (on a redirect to the URL without
+    // it), and the cookie alone then works; neither the parameter nor the
+    // token headers reach the server.
     let jar = tempfile::NamedTempFile::new().unwrap();
     let jar = jar.path().to_str().unwrap();
     let with_q = format!("http://8000-{id}.localhost:{gw}/headers?mayfly_token={token}");
-    let (s, seen) = curl(&with_q, &["-c", jar]);
+    let (s, seen) = curl(&with_q, &["-L", "-c", jar, "-b", jar]);
     assert_eq!(s, 200);
     assert!(!seen.contains(&token), "the token leaked upstream: {seen}");
     assert_eq!(curl(&url, &["-b", jar]).0, 200, "the cookie grants access");

@@ -21,7 +21,8 @@ use tokio::sync::{mpsc, watch};
 use super::sandbox::Sandbox;
 use super::Engine;
 use crate::gateway::{
-    GatewayApi, GatewayError, InSandboxListener, RouteTarget, IN_SANDBOX_GATEWAY_PORT,
+    GatewayApi, GatewayError, InSandboxListener, PreviewAccess, RouteTarget,
+    IN_SANDBOX_GATEWAY_PORT,
 };
 use crate::EngineError;
 
@@ -75,12 +76,27 @@ fn unreachable(id: &SandboxId, port: u16, reason: impl ToString) -> EngineError 
     .into()
 }
 
+/// Refuses the port the gateway itself listens on inside sandboxes: a
+/// request forwarded there would come straight back into the gateway.
+fn not_reserved(id: &SandboxId, port: u16) -> Result<(), EngineError> {
+    if port == IN_SANDBOX_GATEWAY_PORT {
+        return Err(GatewayError::ReservedPort {
+            id: id.clone(),
+            port,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 impl Engine {
     fn gw(&self) -> &GatewayState {
         &self.inner.gateway
     }
 
     /// The gateway entry of a live, claimed sandbox, made at its first use.
+    /// Not activity by itself: the caller touches the sandbox once the
+    /// request is authorised ([`Engine::active_gate`] for API callers).
     fn gate(&self, id: &SandboxId) -> Result<Arc<SandboxGate>, EngineError> {
         if let Some(g) = self
             .gw()
@@ -89,10 +105,9 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
         {
-            g.sb.touch();
             return Ok(g.clone());
         }
-        let sb = self.lookup(id)?;
+        let sb = self.lookup_claimed(id)?;
         let token = new_token()?;
         let (tx, rx) = watch::channel(());
         let gate = {
@@ -120,6 +135,14 @@ impl Engine {
             self.gateway_forget(id);
             return Err(EngineError::NoSuchSandbox(id.clone()));
         }
+        Ok(gate)
+    }
+
+    /// [`Engine::gate`] for a caller already authorised (an API key, or a
+    /// gateway request let through): counts as activity.
+    fn active_gate(&self, id: &SandboxId) -> Result<Arc<SandboxGate>, EngineError> {
+        let gate = self.gate(id)?;
+        gate.sb.touch();
         Ok(gate)
     }
 
@@ -235,30 +258,45 @@ impl Engine {
 
 #[async_trait]
 impl GatewayApi for Engine {
-    fn preview(&self, id: &SandboxId, port: u16, token: Option<&str>) -> Result<(), EngineError> {
+    fn preview(
+        &self,
+        id: &SandboxId,
+        port: u16,
+        token: Option<&str>,
+    ) -> Result<PreviewAccess, EngineError> {
+        not_reserved(id, port)?;
         let gate = self.gate(id)?;
-        if let Some(t) = token {
-            if constant_time_eq(t.as_bytes(), gate.token.as_bytes()) {
-                return Ok(());
+        let access = match token {
+            Some(t) if constant_time_eq(t.as_bytes(), gate.token.as_bytes()) => {
+                PreviewAccess::Token
             }
-        }
-        let public = gate
-            .ports
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .exposed
-            .get(&port)
-            .copied()
-            .unwrap_or(false);
-        match (public, token) {
-            (true, _) => Ok(()),
-            (false, None) => Err(GatewayError::TokenRequired {
-                id: id.clone(),
-                port,
+            _ => {
+                let public = gate
+                    .ports
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .exposed
+                    .get(&port)
+                    .copied()
+                    .unwrap_or(false);
+                match (public, token) {
+                    (true, _) => PreviewAccess::Public,
+                    (false, None) => {
+                        return Err(GatewayError::TokenRequired {
+                            id: id.clone(),
+                            port,
+                        }
+                        .into())
+                    }
+                    (false, Some(_)) => {
+                        return Err(GatewayError::BadToken { id: id.clone() }.into())
+                    }
+                }
             }
-            .into()),
-            (false, Some(_)) => Err(GatewayError::BadToken { id: id.clone() }.into()),
-        }
+        };
+        // Only now: a refused request must not keep the sandbox alive.
+        gate.sb.touch();
+        Ok(access)
     }
 
     fn route(&self, service: &str, key: Option<&SandboxId>) -> Result<RouteTarget, EngineError> {
@@ -301,7 +339,8 @@ impl GatewayApi for Engine {
         id: &SandboxId,
         port: u16,
     ) -> Result<tokio::net::TcpStream, EngineError> {
-        let gate = self.gate(id)?;
+        not_reserved(id, port)?;
+        let gate = self.active_gate(id)?;
         let ns = self.netns_of(&gate)?;
         let fd = tokio::task::spawn_blocking(move || ns.tcp_socket())
             .await
@@ -317,7 +356,7 @@ impl GatewayApi for Engine {
     }
 
     async fn ports(&self, id: &SandboxId) -> Result<SandboxPorts, EngineError> {
-        let gate = self.gate(id)?;
+        let gate = self.active_gate(id)?;
         let p = gate.ports.read().unwrap_or_else(|p| p.into_inner());
         Ok(SandboxPorts {
             sandbox_id: id.to_string(),
@@ -348,7 +387,8 @@ impl GatewayApi for Engine {
         port: u16,
         public: bool,
     ) -> Result<PortInfo, EngineError> {
-        let gate = self.gate(id)?;
+        not_reserved(id, port)?;
+        let gate = self.active_gate(id)?;
         gate.ports
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -362,7 +402,7 @@ impl GatewayApi for Engine {
     }
 
     async fn unexpose(&self, id: &SandboxId, port: u16) -> Result<(), EngineError> {
-        let gate = self.gate(id)?;
+        let gate = self.active_gate(id)?;
         gate.ports
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -378,7 +418,8 @@ impl GatewayApi for Engine {
         port: u16,
     ) -> Result<ServiceOverride, EngineError> {
         check_service_name(service).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let gate = self.gate(id)?;
+        not_reserved(id, port)?;
+        let gate = self.active_gate(id)?;
         gate.ports
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -397,7 +438,7 @@ impl GatewayApi for Engine {
 
     async fn remove_override(&self, id: &SandboxId, service: &str) -> Result<(), EngineError> {
         check_service_name(service).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        self.gate(id)?
+        self.active_gate(id)?
             .ports
             .write()
             .unwrap_or_else(|p| p.into_inner())

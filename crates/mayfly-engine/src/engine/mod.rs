@@ -445,12 +445,18 @@ impl Engine {
     /// Every request that reaches a sandbox goes through here, which counts
     /// as activity for its idle timeout.
     fn lookup(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
-        let sb = self
-            .lookup_any(id)
-            .filter(|sb| !sb.is_pooled())
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
+        let sb = self.lookup_claimed(id)?;
         sb.touch();
         Ok(sb)
+    }
+
+    /// [`Engine::lookup`] without the activity: for callers that authorise
+    /// the request afterwards (the gateway's token check), so a refused
+    /// request never keeps a sandbox alive.
+    fn lookup_claimed(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
+        self.lookup_any(id)
+            .filter(|sb| !sb.is_pooled())
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))
     }
 
     /// Waits until a claim of `id` being recorded is committed (see

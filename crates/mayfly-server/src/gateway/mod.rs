@@ -9,27 +9,32 @@
 //! overrides a service (`127.0.0.1:15080` there), so a sandboxed service
 //! can call the next service of a chain although its namespace has only
 //! loopback. That listener serves service requests only.
+//!
+//! Whatever a request addresses, the gateway's own token never goes on
+//! with it (header, cookie or query parameter), and every request it
+//! forwards carries its hop count (`X-Mayfly-Hops`), so a loop is cut.
 
+pub mod conn;
 pub mod parse;
 pub mod proxy;
+pub mod token;
 pub mod upstream;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::header::{HeaderValue, COOKIE, SET_COOKIE};
+use http::header::{HeaderValue, SET_COOKIE};
 use http::uri::PathAndQuery;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use mayfly_engine::{EngineError, InSandboxListener, RouteTarget, SandboxApi};
+use mayfly_engine::{EngineError, InSandboxListener, PreviewAccess, RouteTarget, SandboxApi};
 use mayfly_types::ErrorCode;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use conn::Timeouts;
 use parse::{ParseError, Target};
-use proxy::{error, forward, GatewayBody};
+use proxy::{error, forward, redirect, GatewayBody};
+use token::Source;
 use upstream::{Upstream, Upstreams};
 
 /// The default gateway listener.
@@ -37,9 +42,6 @@ pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:4180";
 /// The default gateway domain: `*.localhost` resolves to loopback in
 /// browsers and curl without any DNS set-up.
 pub const DEFAULT_GATEWAY_DOMAIN: &str = "localhost";
-/// Request headers, all together, may be at most this large (HTTP/1.1 and
-/// HTTP/2); past it the client gets 431.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// The gateway: cheap to clone.
 #[derive(Clone)]
@@ -50,6 +52,7 @@ pub struct Gateway {
 struct Inner {
     api: Arc<dyn SandboxApi>,
     domain: String,
+    timeouts: Timeouts,
 }
 
 /// Where a request came in.
@@ -70,13 +73,26 @@ fn engine_error(e: EngineError) -> Response<GatewayBody> {
     error(code, e.to_string())
 }
 
+fn parse_error(e: ParseError) -> Response<GatewayBody> {
+    match e {
+        ParseError::Malformed(m) => error(ErrorCode::InvalidArgument, m),
+        e @ ParseError::NoTarget { .. } => error(ErrorCode::NotFound, e.to_string()),
+    }
+}
+
 impl Gateway {
     /// A gateway over `api` answering for `*.<domain>`.
     pub fn new(api: Arc<dyn SandboxApi>, domain: &str) -> Gateway {
+        Gateway::with_timeouts(api, domain, Timeouts::default())
+    }
+
+    /// [`Gateway::new`] with the client connections' deadlines.
+    pub fn with_timeouts(api: Arc<dyn SandboxApi>, domain: &str, timeouts: Timeouts) -> Gateway {
         Gateway {
             inner: Arc::new(Inner {
                 api,
                 domain: domain.trim_matches('.').to_ascii_lowercase(),
+                timeouts,
             }),
         }
     }
@@ -93,6 +109,7 @@ impl Gateway {
         for i in 0..threads.max(1) {
             let l = listener.try_clone()?;
             let (api, domain) = (self.inner.api.clone(), self.inner.domain.clone());
+            let timeouts = self.inner.timeouts;
             let inside = if i == 0 { inside.take() } else { None };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -101,7 +118,9 @@ impl Gateway {
                 .name(format!("mayfly-gateway-{i}"))
                 .spawn(move || {
                     rt.block_on(async move {
-                        let gw = Gateway::new(api, &domain);
+                        // Each thread its own: no reference count shared
+                        // between threads on the per-request path.
+                        let gw = Gateway::with_timeouts(api, &domain, timeouts);
                         if let Some(mut inside) = inside {
                             let gw = gw.clone();
                             tokio::spawn(async move {
@@ -110,79 +129,48 @@ impl Gateway {
                                 }
                             });
                         }
-                        gw.accept_loop(l).await;
+                        let l = match TcpListener::from_std(l) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                tracing::error!(error = %e, "the gateway cannot serve its listener");
+                                return;
+                            }
+                        };
+                        conn::accept_loop(l, None, |s| gw.clone().serve_conn(s, Entry::Host, None))
+                            .await;
                     })
                 })?;
         }
         Ok(())
     }
 
-    async fn accept_loop(self, listener: std::net::TcpListener) {
+    /// Accepts on a listener inside a sandbox until the sandbox goes.
+    async fn serve_in_sandbox(self, l: InSandboxListener) {
+        let InSandboxListener { id, listener, gone } = l;
+        tracing::debug!(%id, "serving the gateway inside the sandbox");
         let listener = match TcpListener::from_std(listener) {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(error = %e, "the gateway cannot serve its listener");
+                tracing::error!(%id, error = %e, "the gateway cannot serve the listener inside the sandbox");
                 return;
             }
         };
-        loop {
-            match listener.accept().await {
-                Ok((s, _)) => self.clone().serve_conn(s, Entry::Host, None),
-                Err(e) => {
-                    tracing::warn!(error = %e, "gateway accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    /// Accepts on a listener inside a sandbox until the sandbox goes.
-    async fn serve_in_sandbox(self, l: InSandboxListener) {
-        let InSandboxListener {
-            id,
-            listener,
-            mut gone,
-        } = l;
-        tracing::debug!(%id, "serving the gateway inside the sandbox");
-        let Ok(listener) = TcpListener::from_std(listener) else {
-            return;
-        };
-        loop {
-            tokio::select! {
-                a = listener.accept() => match a {
-                    Ok((s, _)) => self.clone().serve_conn(s, Entry::InSandbox, Some(gone.clone())),
-                    Err(_) => break,
-                },
-                _ = gone.changed() => break,
-            }
-        }
+        let conn_gone = gone.clone();
+        conn::accept_loop(listener, Some(gone), |s| {
+            self.clone()
+                .serve_conn(s, Entry::InSandbox, Some(conn_gone.clone()))
+        })
+        .await;
     }
 
     fn serve_conn(self, stream: TcpStream, entry: Entry, gone: Option<watch::Receiver<()>>) {
-        let _ = stream.set_nodelay(true);
-        tokio::spawn(async move {
-            let mut b = auto::Builder::new(TokioExecutor::new());
-            b.http1().max_buf_size(MAX_HEADER_BYTES.max(8192));
-            b.http2().max_header_list_size(MAX_HEADER_BYTES as u32);
-            // The client connection's own upstream connections: dropped
-            // with it, which closes them.
-            let conns = Upstreams::default();
-            let svc = hyper::service::service_fn(move |req| {
-                let (gw, entry, conns) = (self.clone(), entry.clone(), conns.clone());
-                async move { Ok::<_, Infallible>(gw.handle(req, &entry, &conns).await) }
-            });
-            let conn = b.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-            match gone {
-                None => {
-                    let _ = conn.await;
-                }
-                Some(mut gone) => {
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = gone.changed() => {}
-                    }
-                }
-            }
+        // The client connection's own upstream connections: dropped with
+        // it, which closes them.
+        let conns = Upstreams::default();
+        let timeouts = self.inner.timeouts;
+        conn::serve(stream, timeouts, gone, move |req| {
+            let (gw, entry, conns) = (self.clone(), entry.clone(), conns.clone());
+            async move { gw.handle(req, &entry, &conns).await }
         });
     }
 
@@ -192,17 +180,46 @@ impl Gateway {
         entry: &Entry,
         conns: &Upstreams,
     ) -> Response<GatewayBody> {
+        // First, before any lookup: a request in a loop costs nothing more.
+        let hops = match parse::hops(req.headers()) {
+            Ok(n) => n,
+            Err(e) => return parse_error(e),
+        };
+        if hops >= parse::MAX_HOPS {
+            return error(
+                ErrorCode::LoopDetected,
+                format!(
+                    "the request has passed through the gateway {hops} times ({}): it is routed in a loop",
+                    parse::HOPS_HEADER
+                ),
+            );
+        }
+        req.headers_mut()
+            .insert(parse::HOPS_HEADER, HeaderValue::from(hops + 1));
         let host = parse::request_host(req.headers(), req.uri());
         let target = match parse::target(req.headers(), host.as_deref(), &self.inner.domain) {
             Ok(t) => t,
-            Err(ParseError::Malformed(m)) => return error(ErrorCode::InvalidArgument, m),
-            Err(e @ ParseError::NoTarget { .. }) => {
-                return error(ErrorCode::NotFound, e.to_string())
-            }
+            Err(e) => return parse_error(e),
         };
         let Some(api) = self.inner.api.gateway() else {
             return error(ErrorCode::NotFound, "this daemon has no gateway");
         };
+        // The gateway's token goes no further, wherever the request goes
+        // (it is read for previews only, before it is taken off).
+        let presented = match target {
+            Target::Preview { .. } => token::presented(req.headers(), req.uri()),
+            Target::Service(_) => None,
+        };
+        let query_token = token::has_query_token(req.uri());
+        let pq = if query_token {
+            match token::without_token_param(req.uri()).parse() {
+                Ok(pq) => pq,
+                Err(_) => return bad_target(),
+            }
+        } else {
+            path_and_query(req.uri())
+        };
+        token::strip_headers(req.headers_mut());
         match target {
             Target::Preview { id, port } => {
                 if let Entry::InSandbox = entry {
@@ -211,52 +228,38 @@ impl Gateway {
                         "the gateway inside a sandbox routes services only; name one with X-Mayfly-Service or Host <service>.<domain>",
                     );
                 }
-                let token = parse::token(req.headers(), req.uri());
-                if let Err(e) = api.preview(&id, port, token.as_ref().map(|t| t.0.as_str())) {
-                    return engine_error(e);
-                }
-                let from_query = token.as_ref().is_some_and(|t| t.1);
-                let pq = if from_query {
-                    match parse::strip_token_param(req.uri()).parse() {
-                        Ok(pq) => pq,
-                        Err(_) => return bad_target(),
-                    }
-                } else {
-                    path_and_query(req.uri())
+                let offered = presented.as_ref().map(|p| p.token.as_str());
+                let access = match api.preview(&id, port, offered) {
+                    Ok(a) => a,
+                    Err(e) => return engine_error(e),
                 };
-                let h = req.headers_mut();
-                for name in [
-                    parse::TOKEN_HEADER,
-                    parse::PORT_HEADER,
-                    parse::SANDBOX_HEADER,
-                ] {
-                    h.remove(name);
-                }
-                if let Some(c) = h.get(COOKIE).and_then(|v| v.to_str().ok()) {
-                    match parse::strip_token_cookie(c).and_then(|c| HeaderValue::from_str(&c).ok())
-                    {
-                        Some(v) => {
-                            h.insert(COOKIE, v);
-                        }
-                        None => {
-                            h.remove(COOKIE);
-                        }
+                // The cookie only for the token verified, from the query.
+                let cookie = match (&presented, access) {
+                    (Some(p), PreviewAccess::Token) if p.source == Source::Query => {
+                        token::set_cookie(&p.token)
                     }
+                    _ => None,
+                };
+                // A browser is sent on to the URL without the token, so the
+                // page never sees it (location.href, Referer).
+                // (Not an upgrade: a WebSocket client follows no redirect.)
+                let navigation = matches!(*req.method(), Method::GET | Method::HEAD)
+                    && proxy::upgrade_of(req.headers()).is_none();
+                if query_token && navigation {
+                    return redirect(pq.as_str(), cookie);
                 }
+                let h = req.headers_mut();
+                h.remove(parse::PORT_HEADER);
+                h.remove(parse::SANDBOX_HEADER);
                 let to = Upstream::Sandbox { id: &id, port };
                 let mut resp = forward(api, conns, req, to, pq).await;
-                if let (true, Some((t, _))) = (from_query, token) {
-                    let cookie =
-                        format!("{}={t}; Path=/; HttpOnly; SameSite=Lax", parse::TOKEN_PARAM);
-                    if let Ok(v) = HeaderValue::from_str(&cookie) {
-                        resp.headers_mut().append(SET_COOKIE, v);
-                    }
+                if let Some(c) = cookie {
+                    resp.headers_mut().append(SET_COOKIE, c);
                 }
                 resp
             }
             Target::Service(name) => {
                 let key = parse::routing_key(req.headers());
-                let pq = path_and_query(req.uri());
                 match api.route(&name, key.as_ref()) {
                     Ok(RouteTarget::Sandbox { id, port }) => {
                         let to = Upstream::Sandbox { id: &id, port };

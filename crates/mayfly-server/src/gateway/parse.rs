@@ -1,7 +1,8 @@
 //! Reading a gateway request: what it addresses (a sandbox's port or a
-//! service), its routing key, and its token. Pure functions over headers.
+//! service), its routing key, and how often the gateway forwarded it
+//! already. Pure functions over headers; the token is [`super::token`]'s.
 
-use http::header::{HeaderMap, COOKIE, HOST};
+use http::header::{HeaderMap, HOST};
 use http::Uri;
 use mayfly_types::{check_service_name, SandboxId};
 
@@ -12,10 +13,15 @@ pub const SANDBOX_HEADER: &str = "x-mayfly-sandbox";
 pub const PORT_HEADER: &str = "x-mayfly-port";
 /// `X-Mayfly-Service: <name>`: the service of a service request.
 pub const SERVICE_HEADER: &str = "x-mayfly-service";
-/// `X-Mayfly-Token: <token>`: the sandbox's gateway token.
-pub const TOKEN_HEADER: &str = "x-mayfly-token";
-/// The query parameter (and cookie) that carries the token in a browser.
-pub const TOKEN_PARAM: &str = "mayfly_token";
+/// `X-Mayfly-Hops: <n>`: how many times the gateway has forwarded the
+/// request already. The gateway sets it to n + 1 on every request it
+/// forwards and refuses one that arrives with [`MAX_HOPS`] or more, so a
+/// request routed in a loop (a baseline or a sandbox that sends it back to
+/// the gateway, headers and all) ends there, not at the daemon's last
+/// descriptor.
+pub const HOPS_HEADER: &str = "x-mayfly-hops";
+/// The most times one request may pass through the gateway.
+pub const MAX_HOPS: u32 = 10;
 /// The W3C baggage member that carries the routing key.
 pub const BAGGAGE_KEY: &str = "mayfly-sandbox";
 
@@ -150,62 +156,23 @@ pub fn baggage_value(header: &str, key: &str) -> Option<String> {
     })
 }
 
-/// The token a preview request presents: `X-Mayfly-Token`, the
-/// `mayfly_token` query parameter (`from_query` true: the gateway then
-/// sets the cookie), or the `mayfly_token` cookie.
-pub fn token(h: &HeaderMap, uri: &Uri) -> Option<(String, bool)> {
-    if let Some(t) = h.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
-        return Some((t.trim().to_owned(), false));
+/// The request's hop count ([`HOPS_HEADER`]; none is 0): the largest of
+/// its values, so a proxy that appends rather than replaces cannot lower it.
+pub fn hops(h: &HeaderMap) -> Result<u32, ParseError> {
+    let mut most = 0;
+    for v in h.get_all(HOPS_HEADER) {
+        let bad =
+            || ParseError::Malformed(format!("the {HOPS_HEADER} header is not a count of hops"));
+        for n in v.to_str().map_err(|_| bad())?.split(',') {
+            // Saturates: a huge count is a loop, not a malformed request.
+            let n = n.trim();
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            most = most.max(n.parse::<u32>().unwrap_or(u32::MAX));
+        }
     }
-    if let Some(t) = uri.query().and_then(query_token) {
-        return Some((t, true));
-    }
-    h.get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|c| {
-            let (k, v) = c.split_once('=')?;
-            (k.trim() == TOKEN_PARAM).then(|| (v.trim().to_owned(), false))
-        })
-}
-
-fn query_token(q: &str) -> Option<String> {
-    q.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == TOKEN_PARAM).then(|| {
-            percent_encoding::percent_decode_str(v)
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    })
-}
-
-/// The path and query without the `mayfly_token` parameter.
-pub fn strip_token_param(uri: &Uri) -> String {
-    let path = uri.path();
-    let Some(q) = uri.query() else {
-        return path.to_owned();
-    };
-    let kept: Vec<&str> = q
-        .split('&')
-        .filter(|p| p.split('=').next() != Some(TOKEN_PARAM))
-        .collect();
-    if kept.is_empty() {
-        path.to_owned()
-    } else {
-        format!("{path}?{}", kept.join("&"))
-    }
-}
-
-/// A `Cookie` header without the gateway's own cookie (`None`: nothing left).
-pub fn strip_token_cookie(v: &str) -> Option<String> {
-    let kept: Vec<&str> = v
-        .split(';')
-        .map(str::trim)
-        .filter(|c| c.split('=').next().map(str::trim) != Some(TOKEN_PARAM) && !c.is_empty())
-        .collect();
-    (!kept.is_empty()).then(|| kept.join("; "))
+    Ok(most)
 }
 
 #[cfg(test)]
@@ -333,28 +300,18 @@ mod tests {
     }
 
     #[test]
-    fn tokens_come_from_header_query_or_cookie_and_are_stripped() {
-        let uri: Uri = "/a?x=1&mayfly_token=t%31&y=2".parse().unwrap();
-        assert_eq!(token(&HeaderMap::new(), &uri), Some(("t1".into(), true)));
-        assert_eq!(strip_token_param(&uri), "/a?x=1&y=2");
-        assert_eq!(
-            strip_token_param(&"/a?mayfly_token=t".parse().unwrap()),
-            "/a"
-        );
-        let h = headers(&[("cookie", "a=1; mayfly_token=t2; b=2")]);
-        assert_eq!(
-            token(&h, &Uri::from_static("/")),
-            Some(("t2".into(), false))
-        );
-        assert_eq!(
-            strip_token_cookie("a=1; mayfly_token=t2; b=2").as_deref(),
-            Some("a=1; b=2")
-        );
-        assert_eq!(strip_token_cookie("mayfly_token=t2"), None);
-        let h = headers(&[("x-mayfly-token", "t3")]);
-        assert_eq!(
-            token(&h, &Uri::from_static("/")),
-            Some(("t3".into(), false))
-        );
+    fn hops_are_counted_from_every_value_and_junk_is_refused() {
+        assert_eq!(hops(&HeaderMap::new()), Ok(0));
+        let h = headers(&[("x-mayfly-hops", "3"), ("x-mayfly-hops", "1, 7")]);
+        assert_eq!(hops(&h), Ok(7), "the largest value counts");
+        let h = headers(&[("x-mayfly-hops", "99999999999999999999")]);
+        assert_eq!(hops(&h), Ok(u32::MAX), "saturates");
+        for junk in ["", "-1", "two", "1;2", "+3"] {
+            let h = headers(&[("x-mayfly-hops", junk)]);
+            assert!(
+                matches!(hops(&h), Err(ParseError::Malformed(_))),
+                "{junk:?}"
+            );
+        }
     }
 }

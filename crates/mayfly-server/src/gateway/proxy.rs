@@ -47,7 +47,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// Whether a request asks to switch protocols (WebSocket, …).
-fn upgrade_of(h: &HeaderMap) -> Option<HeaderValue> {
+pub(super) fn upgrade_of(h: &HeaderMap) -> Option<HeaderValue> {
     let wants = h
         .get_all(header::CONNECTION)
         .iter()
@@ -66,6 +66,26 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response<GatewayBod
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    r
+}
+
+/// A `303 See Other` to `path_and_query` on the same host, with
+/// `set_cookie` if any. Never cached: it may carry the cookie.
+pub fn redirect(path_and_query: &str, set_cookie: Option<HeaderValue>) -> Response<GatewayBody> {
+    let Some(location) = super::token::same_host_location(path_and_query) else {
+        return error(
+            ErrorCode::InvalidArgument,
+            "the request target is not a valid path",
+        );
+    };
+    let mut r = Response::new(Either::Right(Full::new(Bytes::new())));
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    let h = r.headers_mut();
+    h.insert(header::LOCATION, location);
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(c) = set_cookie {
+        h.insert(header::SET_COOKIE, c);
+    }
     r
 }
 

@@ -8,7 +8,9 @@ usage: server.py NAME PORT [GATEWAY]
   GET /call/SVC     calls service SVC through GATEWAY (host:port), forwarding
                     the `baggage` header as OpenTelemetry propagation would,
                     and answers "NAME>" + what SVC answered
-  GET /headers      the request's headers, one per line
+  GET /headers      the request line's method and target, then the
+                    request's headers, one per line
+  POST              as GET (the body, if any, is not read)
 """
 import base64
 import hashlib
@@ -40,7 +42,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        if self.path == "/stream":
+        path = self.path.split("?", 1)[0]
+        if path == "/stream":
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Transfer-Encoding", "chunked")
@@ -51,10 +54,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(0.7)
             self.wfile.write(b"0\r\n\r\n")
-        elif self.path == "/ws":
+        elif path == "/ws":
             self.websocket()
-        elif self.path.startswith("/call/"):
-            svc = self.path[len("/call/"):]
+        elif path.startswith("/call/"):
+            svc = path[len("/call/"):]
             host, port = GATEWAY.rsplit(":", 1)
             conn = http.client.HTTPConnection(host, int(port), timeout=10)
             headers = {"X-Mayfly-Service": svc}
@@ -63,10 +66,13 @@ class Handler(BaseHTTPRequestHandler):
             conn.request("GET", "/", headers=headers)
             answer = conn.getresponse().read().decode()
             self.send_text(f"{NAME}>{answer}")
-        elif self.path == "/headers":
-            self.send_text("".join(f"{k.lower()}: {v}\n" for k, v in self.headers.items()))
+        elif path == "/headers":
+            line = f"{self.command} {self.path}\n"
+            self.send_text(line + "".join(f"{k.lower()}: {v}\n" for k, v in self.headers.items()))
         else:
             self.send_text(f"hello from {NAME}")
+
+    do_POST = do_GET
 
     def websocket(self):
         key = self.headers.get("Sec-WebSocket-Key", "")

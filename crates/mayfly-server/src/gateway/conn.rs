@@ -1,0 +1,381 @@
+//! The gateway's client connections: the accept loops (the host's listener
+//! and those inside sandboxes) and how one connection is served (HTTP/1.1
+//! or h2c, upgrades, its limits and deadlines).
+//!
+//! Deadlines, so that a client cannot hold a connection (and the daemon's
+//! descriptors) forever by saying nothing, or by saying it slowly:
+//! - an HTTP/1.1 request head must arrive within
+//!   [`Timeouts::header_read`], counted from when the gateway starts
+//!   waiting for it: the first one, and each next one on a kept-alive
+//!   connection (hyper's `header_read_timeout`);
+//! - a connection with no request in flight for [`Timeouts::idle`] is
+//!   closed (gracefully: HTTP/2 gets a GOAWAY). This covers what the first
+//!   does not: HTTP/2 connections, and clients that send too little to
+//!   tell which protocol they speak.
+//!
+//! A request in flight (its answer still streaming, however slowly) is
+//! never cut, and an upgraded connection (WebSocket) leaves this code once
+//! it is upgraded: neither deadline applies to it.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Request headers, all together, may be at most this large (HTTP/1.1 and
+/// HTTP/2); past it the client gets 431.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// How long a connection closed for idleness may take to finish.
+const GRACE: Duration = Duration::from_secs(5);
+/// The first and the longest wait after a failed accept.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+
+/// The deadlines of a client connection (see the module's documentation).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub header_read: Duration,
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header_read: Duration::from_secs(30),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Something that accepts connections: a listener (or, in tests, one that
+/// fails on purpose).
+pub trait Accept {
+    fn accept(&self) -> impl Future<Output = std::io::Result<TcpStream>> + Send;
+}
+
+impl Accept for TcpListener {
+    async fn accept(&self) -> std::io::Result<TcpStream> {
+        TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// Resolves when `gone` does (its sender dropped or sent); never without one.
+async fn until_gone(gone: &mut Option<watch::Receiver<()>>) {
+    match gone {
+        Some(g) => {
+            let _ = g.changed().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Accepts connections until `gone` resolves, handing each to `on_conn`. A
+/// failed accept (out of descriptors, a connection aborted before it was
+/// taken, …) is waited out with a growing pause and retried: it never ends
+/// the loop, which would leave a listener that takes connections into its
+/// backlog and never serves them.
+pub async fn accept_loop<L: Accept>(
+    listener: L,
+    mut gone: Option<watch::Receiver<()>>,
+    mut on_conn: impl FnMut(TcpStream),
+) {
+    let mut pause = BACKOFF.0;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = until_gone(&mut gone) => return,
+        };
+        match accepted {
+            Ok(s) => {
+                pause = BACKOFF.0;
+                on_conn(s);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?pause, "gateway accept failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = until_gone(&mut gone) => return,
+                }
+                pause = (pause * 2).min(BACKOFF.1);
+            }
+        }
+    }
+}
+
+/// Counts a connection's requests in flight; a request is in flight from
+/// its head until its answer's body is done (or dropped).
+#[derive(Clone)]
+struct Activity(Arc<watch::Sender<usize>>);
+
+/// One request in flight; ends on drop.
+struct InFlight(Activity);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0 .0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity(Arc::new(watch::channel(0).0))
+    }
+
+    fn start(&self) -> InFlight {
+        self.0.send_modify(|n| *n += 1);
+        InFlight(self.clone())
+    }
+
+    /// Resolves once no request has been in flight for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        let mut rx = self.0.subscribe();
+        loop {
+            if *rx.borrow_and_update() == 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(limit) => return,
+                    _ = rx.changed() => {}
+                }
+            } else {
+                let _ = rx.changed().await;
+            }
+        }
+    }
+}
+
+/// An answer's body that keeps its request in flight until it is done.
+struct Tracked<B> {
+    body: B,
+    _in_flight: InFlight,
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves one client connection on this thread's runtime, each request
+/// answered by `handle`, until the client goes, the connection idles out,
+/// or `gone` resolves (the listener's sandbox is being destroyed).
+pub fn serve<F, Fut, B>(
+    stream: TcpStream,
+    timeouts: Timeouts,
+    mut gone: Option<watch::Receiver<()>>,
+    handle: F,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = stream.set_nodelay(true);
+    tokio::spawn(async move {
+        let mut b = auto::Builder::new(TokioExecutor::new());
+        b.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeouts.header_read)
+            .max_buf_size(MAX_HEADER_BYTES.max(8192));
+        b.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(MAX_HEADER_BYTES as u32);
+        let activity = Activity::new();
+        let counted = activity.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let in_flight = counted.start();
+            let answer = handle(req);
+            async move {
+                let resp = answer.await.map(|body| Tracked {
+                    body,
+                    _in_flight: in_flight,
+                });
+                Ok::<_, Infallible>(resp)
+            }
+        });
+        let conn = b.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = until_gone(&mut gone) => return,
+            _ = activity.idle_for(timeouts.idle) => {}
+        }
+        conn.as_mut().graceful_shutdown();
+        let _ = tokio::time::timeout(GRACE, conn).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    use http_body_util::{Full, StreamBody};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    const SHORT: Timeouts = Timeouts {
+        header_read: Duration::from_millis(400),
+        idle: Duration::from_millis(600),
+    };
+
+    type TestBody = http_body_util::Either<
+        Full<Bytes>,
+        StreamBody<tokio_stream::wrappers::ReceiverStream<Result<Frame<Bytes>, Infallible>>>,
+    >;
+
+    /// A gateway-like server with [`SHORT`] deadlines: `/slow` streams four
+    /// chunks 500 ms apart (longer, in all, than either deadline); anything
+    /// else is `ok`.
+    async fn server() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(accept_loop(l, None, |s| {
+            serve(s, SHORT, None, |req: Request<Incoming>| async move {
+                if req.uri().path() != "/slow" {
+                    return Response::new(TestBody::Left(Full::new(Bytes::from("ok"))));
+                }
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                tokio::spawn(async move {
+                    for i in 0..4 {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        let chunk = Frame::data(Bytes::from(format!("chunk{i};")));
+                        let _ = tx.send(Ok(chunk)).await;
+                    }
+                });
+                let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+                Response::new(TestBody::Right(StreamBody::new(stream)))
+            })
+        }));
+        port
+    }
+
+    /// Reads until the peer closes; how long that took, and what came.
+    async fn until_closed(s: &mut TcpStream) -> (Duration, String) {
+        let t = Instant::now();
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out));
+        let _ = read.await.expect("the gateway never closed the connection");
+        (t.elapsed(), String::from_utf8_lossy(&out).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_its_head_too_slowly_is_cut_off() {
+        let port = server().await;
+        let t = Instant::now();
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        // Trickles a header byte by byte, never ending the head.
+        let trickle = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if s.write_all(b"X").await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(3), trickle).await;
+        let (_, out) = until_closed(&mut s).await;
+        assert!(!out.contains(" 200 "), "{out}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "held {:?}",
+            t.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_nothing_or_idles_after_a_request_is_closed() {
+        let port = server().await;
+        let mut silent = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (took, _) = until_closed(&mut silent).await;
+        assert!(took < Duration::from_secs(3), "closed after {took:?}");
+
+        let mut kept = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (took, out) = until_closed(&mut kept).await;
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with("ok"),
+            "{out}"
+        );
+        assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_streaming_longer_than_the_deadlines_is_not_cut() {
+        let port = server().await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let (took, out) = until_closed(&mut s).await;
+        assert!(out.contains("chunk3;"), "cut after {took:?}: {out}");
+    }
+
+    /// Fails its first accepts as a listener out of descriptors does.
+    struct Failing {
+        fails: AtomicUsize,
+        inner: TcpListener,
+    }
+
+    impl Accept for Failing {
+        async fn accept(&self) -> std::io::Result<TcpStream> {
+            if self.fails.load(Ordering::SeqCst) > 0 {
+                self.fails.fetch_sub(1, Ordering::SeqCst);
+                // EMFILE: out of descriptors.
+                return Err(std::io::Error::from_raw_os_error(24));
+            }
+            self.inner.accept().await.map(|(s, _)| s)
+        }
+    }
+
+    #[tokio::test]
+    async fn failed_accepts_are_retried_until_the_listener_is_gone() {
+        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = inner.local_addr().unwrap().port();
+        let l = Failing {
+            fails: AtomicUsize::new(3),
+            inner,
+        };
+        let (tx, rx) = watch::channel(());
+        let (conns_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
+        let lp = tokio::spawn(accept_loop(l, Some(rx), move |s| {
+            let _ = conns_tx.send(s);
+        }));
+        let _c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), conns.recv()).await;
+        assert!(
+            matches!(got, Ok(Some(_))),
+            "the loop stopped accepting after failures"
+        );
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(5), lp)
+            .await
+            .expect("the loop ends when its listener's sandbox goes")
+            .unwrap();
+    }
+}
