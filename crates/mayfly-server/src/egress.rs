@@ -22,7 +22,8 @@ pub(crate) async fn get_egress(
 }
 
 /// Replace the sandbox's egress policy, without restarting it: DNS queries
-/// and connections from now on follow the new one (open connections stay).
+/// and connections from now on follow the new one, and open connections it
+/// no longer admits are reset (those it still admits keep running).
 #[utoipa::path(patch, path = "/v1/sandboxes/{id}/egress", tag = "sandboxes", params(IdParam),
     request_body(content = EgressPolicy, content_type = "application/json"),
     responses(

@@ -265,12 +265,13 @@ pub fn join_net(ns: BorrowedFd<'_>) -> Result<(), VethError> {
 }
 
 /// Every address configured on the host's interfaces (in the caller's
-/// network namespace). Empty when they cannot be read.
-pub fn host_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        return Vec::new();
-    };
-    addrs
+/// network namespace). An error when they cannot be read: an empty list
+/// would say "the host has no address", which the egress proxy must never
+/// be told by mistake.
+pub fn host_addresses() -> Result<Vec<IpAddr>, VethError> {
+    let addrs = nix::ifaddrs::getifaddrs()
+        .map_err(|e| io("getifaddrs", "the host's interfaces")(e.into()))?;
+    Ok(addrs
         .filter_map(|a| a.address)
         .filter_map(|s| {
             if let Some(v4) = s.as_sockaddr_in() {
@@ -279,7 +280,7 @@ pub fn host_addresses() -> Vec<IpAddr> {
                 s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
             }
         })
-        .collect()
+        .collect())
 }
 
 /// The destination a redirected TCP connection was sent to

@@ -58,7 +58,8 @@ pub struct EgressPolicy {
     /// Concurrent outbound connections; the daemon's default (256) when absent.
     #[serde(default)]
     pub max_connections: Option<u32>,
-    /// Outbound and inbound bytes per second, each way; unlimited when absent.
+    /// Bytes per second, capped each way on its own (outbound, and inbound,
+    /// each up to this rate); unlimited when absent.
     #[serde(default)]
     pub bandwidth_bytes_per_sec: Option<u64>,
 }

@@ -118,6 +118,16 @@ async fn open_mode_still_blocks_the_always_blocked_set_and_none_is_loopback_only
     expect(&d, &open, &["http", &host_addr(), "22"], "BLOCKED").await;
     expect(&d, &open, &["http", "loop.test", "80"], "BLOCKED").await;
     expect(&d, &open, &["raw", ip, "53"], "BLOCKED").await;
+    // DNS over TLS or QUIC to a server of the sandbox's choosing would
+    // bypass the resolver: 853 is closed whatever the policy.
+    expect(&d, &open, &["raw", ip, "853"], "BLOCKED").await;
+    expect(&d, &open, &["udp", ip, "853"], "BLOCKED").await;
+    assert_eq!(
+        out.hits("tcp 853") + out.hits("udp 853"),
+        0,
+        "{}",
+        out.log()
+    );
 
     let none = d.create().await.id;
     let ifaces = d
@@ -135,6 +145,37 @@ async fn open_mode_still_blocks_the_always_blocked_set_and_none_is_loopback_only
         .set_egress(&none, &policy(EgressMode::Open, &[]))
         .await;
     assert_eq!(code(r).1, ErrorCode::Conflict);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_request_on_a_port_80_connection_must_name_an_allowed_host() {
+    let out = Outside::start();
+    let d = daemon_for(&out, &[]).await;
+    let a = create(&d, policy(EgressMode::Allow, &["allowed.test:80"])).await;
+    let req = |host: &str| format!("GET / HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n");
+    // Two allowed requests on one connection both reach the server.
+    let both = format!("{}{}", req("allowed.test"), req("allowed.test"));
+    expect(&d, &a, &["send", "allowed.test", "80", &both], "OK").await;
+    // A pipelined request for another name does not: the connection is
+    // cut before it leaves (the first one's answer may come back first).
+    let smuggled = format!("{}{}", req("allowed.test"), req("other.test"));
+    let got = probe(&d, &a, &["send", "allowed.test", "80", &smuggled]).await;
+    eprintln!("a pipelined request for another name: {got}");
+    // An absolute-form target must name the Host.
+    let absolute = "GET http://other.test/ HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n";
+    expect(&d, &a, &["send", "allowed.test", "80", absolute], "BLOCKED").await;
+    // The server logs the Hosts it read when each connection ends.
+    let logged = eventually(Duration::from_secs(10), || {
+        out.hits("host allowed.test") >= 3
+    })
+    .await;
+    assert!(
+        logged,
+        "the allowed requests did not all arrive: {}",
+        out.log()
+    );
+    assert_eq!(out.hits("host other.test"), 0, "{}", out.log());
+    assert_eq!(out.hits("tcp 80"), 2, "{}", out.log());
 }
 
 #[tokio::test(flavor = "multi_thread")]

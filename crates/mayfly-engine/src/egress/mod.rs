@@ -7,17 +7,23 @@
 //! resolver and every TCP connection to its transparent proxy, and drops
 //! the rest. The resolver answers allowed names only and remembers what it
 //! handed out; the proxy checks each connection against the policy, the
-//! addresses handed out, and the Host header or TLS SNI on 80/443, then
-//! splices it to its destination, under the sandbox's connection and
-//! bandwidth caps. Policies live here, in memory: a `PATCH` is a swap.
+//! addresses handed out, and the TLS SNI on 443 or every request's Host on
+//! 80, then splices it to its destination (`splice`), under the sandbox's
+//! connection and bandwidth caps, until it ends, is revoked by a `PATCH`,
+//! goes idle, or its sandbox is detached. Policies live here, in memory: a
+//! `PATCH` is a swap.
 
 pub mod plan;
 pub mod policy;
 
+mod hostaddrs;
+mod http1;
 mod netpool;
 mod peek;
 mod proxy;
+mod reconcile;
 mod resolver;
+mod splice;
 mod state;
 
 use std::collections::HashMap;
@@ -81,8 +87,8 @@ impl Egress {
         })?;
         let names = cfg.names.clone();
         let table_lease = tokio::task::spawn_blocking(move || {
-            let lease = lease_table(&names, &lease_dir)?;
-            reconcile(&names, &lease_dir)?;
+            let lease = reconcile::lease_table(&names, &lease_dir)?;
+            reconcile::reconcile(&reconcile::System, &names, &lease_dir)?;
             Ok::<_, EgressError>(lease)
         })
         .await
@@ -90,8 +96,11 @@ impl Egress {
         let (proxy_listener, dns_socket, ports) = bind().await?;
         let doc = serde_json::to_string(&plan::ruleset(&cfg.names, ports))
             .map_err(|e| EgressError::Unavailable(e.to_string()))?;
+        // One transaction: the table made if missing, deleted and made
+        // again, so a table left by an earlier run guards its links until
+        // this one replaces it.
         mayfly_sys::nft::apply_json(&doc)?;
-        let shared = Arc::new(state::Shared::new(cfg));
+        let shared = Arc::new(state::Shared::new(cfg, hostaddrs::HostAddrs::system()));
         tokio::spawn(proxy::serve(shared.clone(), proxy_listener));
         tokio::spawn(resolver::serve(shared.clone(), dns_socket));
         netpool::start(shared.clone());
@@ -125,84 +134,6 @@ impl Egress {
         netpool::drain(&self.shared);
         let _ = mayfly_sys::nft::delete_inet_table(&self.shared.cfg.names.table());
     }
-}
-
-/// Removes what an earlier run of this daemon left (its table, its links),
-/// and the links of any daemon whose slot lease nobody holds any more.
-fn reconcile(names: &plan::Names, lease_dir: &std::path::Path) -> Result<(), EgressError> {
-    mayfly_sys::nft::delete_inet_table(&names.table())?;
-    for link in mayfly_sys::veth::list_links("mf-")? {
-        let Some(slot) = link.rsplit('-').next().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let ours = names.slot_of(&link).is_some();
-        // A link of another live daemon has its slot leased; leave it.
-        let lease = netpool::try_lease(lease_dir, slot).ok().flatten();
-        if ours || lease.is_some() {
-            tracing::info!(%link, "removing a network link left by a dead daemon");
-            mayfly_sys::veth::delete_link(&link)?;
-        }
-    }
-    sweep_foreign_tables(names, lease_dir)
-}
-
-/// Takes this daemon's table lease (`<lease dir>/table-<tag>`, `flock`ed
-/// for the daemon's life). Another daemon's sweep holds it for a moment
-/// while it looks, so a busy lease is retried for two seconds before the
-/// answer is that a daemon of this tag is running.
-fn lease_table(
-    names: &plan::Names,
-    lease_dir: &std::path::Path,
-) -> Result<std::fs::File, EgressError> {
-    let path = lease_dir.join(names.table_lease());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        if let Some(f) = lock(&path)? {
-            return Ok(f);
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(EgressError::Unavailable(format!(
-                "{} is held by another daemon: one with this state directory (or one whose \
-                 state directory has the same tag, {}) is running",
-                path.display(),
-                names.tag
-            )));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
-fn lock(path: &std::path::Path) -> Result<Option<std::fs::File>, EgressError> {
-    mayfly_sys::process::try_lock_file(path).map_err(|e| EgressError::Io {
-        op: "locking a table lease",
-        source: std::io::Error::other(e.to_string()),
-    })
-}
-
-/// Removes the tables of daemons that are gone for good (killed, and their
-/// state directory deleted or never served again), which nobody else would
-/// ever remove: a table whose lease file exists, nobody holds, and none of
-/// whose links is left. A table without a lease file has an owner this
-/// daemon cannot judge, and is left alone.
-fn sweep_foreign_tables(
-    names: &plan::Names,
-    lease_dir: &std::path::Path,
-) -> Result<(), EgressError> {
-    let tables = mayfly_sys::nft::inet_tables("mayfly-")?;
-    let links = mayfly_sys::veth::list_links("mf-")?;
-    for other in plan::foreign_tables(names, &tables, &links) {
-        let path = lease_dir.join(other.table_lease());
-        if !path.exists() {
-            continue;
-        }
-        // Held while the table goes, so its daemon cannot start meanwhile.
-        let Some(_gone) = lock(&path)? else {
-            continue;
-        };
-        tracing::info!(table = %other.table(), "removing the table of a daemon that is gone");
-        mayfly_sys::nft::delete_inet_table(&other.table())?;
-    }
-    Ok(())
 }
 
 async fn bind() -> Result<(tokio::net::TcpListener, tokio::net::UdpSocket, plan::Ports), EgressError>

@@ -11,6 +11,9 @@ pub enum Presented {
     Name(String),
     /// Complete, but naming nothing, or not TLS / HTTP at all.
     Nothing,
+    /// Complete, naming two different hosts (an HTTP request whose
+    /// absolute-form target is not its `Host`).
+    Mismatch,
 }
 
 /// Reads the SNI of a TLS ClientHello record.
@@ -48,27 +51,14 @@ pub fn tls_sni(buf: &[u8]) -> Presented {
     Presented::Nothing
 }
 
-/// Reads the Host header of an HTTP/1 request head.
+/// Reads the name an HTTP/1 request head presents: its `Host`, which an
+/// absolute-form target's authority must match ([`super::http1`]).
 pub fn http_host(buf: &[u8]) -> Presented {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut req = httparse::Request::new(&mut headers);
-    match req.parse(buf) {
-        Ok(httparse::Status::Partial) => Presented::NeedMore,
+    match super::http1::request_head(buf) {
+        Ok(None) => Presented::NeedMore,
+        Ok(Some(head)) => Presented::Name(head.name),
+        Err(super::http1::Refused::NameMismatch) => Presented::Mismatch,
         Err(_) => Presented::Nothing,
-        Ok(httparse::Status::Complete(_)) => req
-            .headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case("host"))
-            .and_then(|h| std::str::from_utf8(h.value).ok())
-            .map(|v| {
-                // `host:port`, or `[v6]:port`, which names no allowed name.
-                let host = match v.trim().rsplit_once(':') {
-                    Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
-                    _ => v.trim(),
-                };
-                Presented::Name(normal(host))
-            })
-            .unwrap_or(Presented::Nothing),
     }
 }
 
@@ -122,5 +112,7 @@ mod tests {
         assert_eq!(http_host(&req[..20]), Presented::NeedMore);
         assert_eq!(http_host(b"GET / HTTP/1.1\r\n\r\n"), Presented::Nothing);
         assert_eq!(http_host(b"\x16\x03\x01garbage"), Presented::Nothing);
+        let absolute = b"GET http://other.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+        assert_eq!(http_host(absolute), Presented::Mismatch);
     }
 }

@@ -23,6 +23,14 @@ pub enum Refusal {
     NoName,
     /// The sandbox's concurrent connection cap is reached.
     TooManyConnections,
+    /// The host's addresses could never be read, so no destination can be
+    /// told apart from the host: nothing is admitted (fail closed).
+    HostUnknown,
+    /// On 80, a request the proxy cannot frame safely: malformed, with
+    /// ambiguous body framing, `CONNECT`, or an upgrade it cannot follow.
+    BadRequest,
+    /// The sandbox was destroyed (detached) while the connection was open.
+    Gone,
 }
 
 impl Refusal {
@@ -34,6 +42,9 @@ impl Refusal {
             Refusal::NameMismatch => "name_mismatch",
             Refusal::NoName => "no_name",
             Refusal::TooManyConnections => "too_many_connections",
+            Refusal::HostUnknown => "host_addresses_unknown",
+            Refusal::BadRequest => "bad_request",
+            Refusal::Gone => "sandbox_gone",
         }
     }
 }
@@ -57,11 +68,18 @@ fn in_v4(a: Ipv4Addr, net: (Ipv4Addr, u8)) -> bool {
     masked(IpAddr::V4(a), net.1) == IpAddr::V4(net.0)
 }
 
+/// Ports no policy opens: DNS (53) and DNS over TLS (853) anywhere but the
+/// daemon's resolver, so that every name a sandbox resolves is one the
+/// resolver saw. (DNS over QUIC, UDP 853, never leaves: no UDP but DNS to
+/// the resolver does. DNS over HTTPS on 443 cannot be told from HTTPS but
+/// by its name, which an allow list has to leave out.)
+pub const DNS_PORTS: [u16; 2] = [53, 853];
+
 /// The set no policy opens: the host (`host` is every address it has), its
 /// loopback, other sandboxes, link-local and cloud metadata, multicast and
-/// broadcast, and DNS (port 53) anywhere but the daemon's resolver.
+/// broadcast, and DNS ([`DNS_PORTS`]) anywhere but the daemon's resolver.
 pub fn always_blocked(ip: IpAddr, port: u16, host: &[IpAddr]) -> bool {
-    if port == 53 || host.contains(&ip) {
+    if DNS_PORTS.contains(&port) || host.contains(&ip) {
         return true;
     }
     match ip {

@@ -1,7 +1,8 @@
 #![allow(dead_code)] // each suite uses a part of it
 //! Helpers of the egress suites: a test network namespace (`egt<N>`,
-//! 10.77.N.2) that plays "the outside" with TCP servers on 80, 443, 5000,
-//! 7000, 7001 and 8080 and a DNS server on 53 that records what reaches it;
+//! 10.77.N.2) that plays "the outside" with TCP servers on 80, 443, 853,
+//! 5000, 7000, 7001, 7002 and 8080, a DNS server on 53 and a UDP listener
+//! on 853 that record what reaches them;
 //! the daemon's resolver maps test names to it (`--dns-hosts`). Python
 //! inside the sandboxes is the client.
 
@@ -19,6 +20,14 @@ name = sys.argv[4] if len(sys.argv) > 4 else host
 try:
     if mode == "resolve":
         print(socket.gethostbyname(host)); sys.exit(0)
+    if mode == "udp":
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+        u.sendto(b"hello", (host, port))
+        try:
+            u.recv(512); print("OK")
+        except socket.timeout:
+            print("BLOCKED (no answer)")
+        sys.exit(0)
     if mode == "dns":
         q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\x00\x00\x01\x00\x01"
         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3)
@@ -27,6 +36,9 @@ try:
     s = socket.create_connection((host, port), timeout=3)
     if mode == "http":
         s.sendall(b"GET / HTTP/1.1\r\nHost: " + name.encode() + b"\r\n\r\n")
+    elif mode == "send":
+        # `name` is the bytes to send, with escapes (`\r\n`).
+        s.sendall(name.encode().decode("unicode_escape").encode("latin-1"))
     elif mode == "tls":
         inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
         obj = ssl.create_default_context().wrap_bio(inc, out, server_hostname=name)
@@ -56,9 +68,15 @@ addr = sys.argv[2]
 def handle(c, port):
     log.write("tcp %d\n" % port)
     c.settimeout(2)
-    try: c.recv(4096)
+    data = b""
+    try: data = c.recv(4096)
     except OSError: pass
-    if port == 7000:
+    if port == 7002:
+        # Silent: never answers, never closes; says when it is reset.
+        while c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != 7:
+            time.sleep(0.05)
+        log.write("reset 7002\n")
+    elif port == 7000:
         # Held until the client closes.
         c.settimeout(None)
         try:
@@ -70,6 +88,18 @@ def handle(c, port):
     else:
         try: c.sendall(b"HTTP/1.0 200 OK\r\n\r\nhello")
         except OSError: pass
+    if port == 80:
+        # Every Host that reached the server, pipelined ones included.
+        c.settimeout(1)
+        try:
+            while True:
+                d = c.recv(4096)
+                if not d: break
+                data += d
+        except OSError: pass
+        for line in data.split(b"\r\n"):
+            if line.lower().startswith(b"host:"):
+                log.write("host %s\n" % line[5:].strip().decode("latin-1"))
     c.close()
 def serve(port):
     ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -77,13 +107,15 @@ def serve(port):
     while True:
         c, _ = ls.accept()
         threading.Thread(target=handle, args=(c, port), daemon=True).start()
-def dns():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, 53))
+def udp(port, what):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
     while True:
-        u.recvfrom(4096); log.write("dns\n")
-for p in (80, 443, 8080, 5000, 7000, 7001):
+        _, peer = u.recvfrom(4096); log.write(what + "\n")
+        if port != 53: u.sendto(b"answer", peer)
+for p in (80, 443, 853, 8080, 5000, 7000, 7001, 7002):
     threading.Thread(target=serve, args=(p,), daemon=True).start()
-threading.Thread(target=dns, daemon=True).start()
+threading.Thread(target=udp, args=(53, "dns"), daemon=True).start()
+threading.Thread(target=udp, args=(853, "udp 853"), daemon=True).start()
 print("ready", flush=True)
 while True: time.sleep(3600)
 "#;
@@ -236,6 +268,7 @@ pub async fn own_addr(d: &Daemon, id: &SandboxId) -> String {
 /// A host address that is neither loopback nor a test or sandbox link's.
 pub fn host_addr() -> String {
     mayfly_sys::veth::host_addresses()
+        .expect("reading the host's addresses")
         .into_iter()
         .filter_map(|a| match a {
             std::net::IpAddr::V4(v4) if !v4.is_loopback() => Some(v4.to_string()),
@@ -258,6 +291,34 @@ pub fn table_exists(tag: &str) -> bool {
         .expect("listing nft tables")
         .iter()
         .any(|t| *t == format!("mayfly-{tag}"))
+}
+
+/// How many sockets `pid` holds that are connected to `addr:port` (from
+/// its network namespace's `/proc/net/tcp` and its descriptors).
+pub fn sockets_to(pid: u32, addr: &str, port: u16) -> usize {
+    let ip: std::net::Ipv4Addr = addr.parse().expect("an IPv4 address");
+    let remote = format!("{:08X}:{port:04X}", u32::from_ne_bytes(ip.octets()));
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&remote.as_str())).then(|| f.get(9).map(|i| i.to_string()))?
+        })
+        .filter(|i| i != "0")
+        .collect();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|t| {
+                    let t = t.to_string_lossy();
+                    inodes.iter().any(|i| t == format!("socket:[{i}]"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 pub async fn daemon_for(out: &Outside, extra: &[&str]) -> Daemon {
