@@ -111,10 +111,6 @@ pub trait GatewayApi: Send + Sync {
         port: u16,
     ) -> Result<tokio::net::TcpStream, EngineError>;
 
-    /// Marks a live, claimed sandbox active for its idle timeout (a forward
-    /// that moves bytes); nothing for any other id.
-    fn touch(&self, _id: &SandboxId) {}
-
     /// The sandbox's token, exposed ports and overrides.
     async fn ports(&self, id: &SandboxId) -> Result<SandboxPorts, EngineError>;
     /// Exposes a port (public: reachable without the token); never

@@ -1,17 +1,11 @@
 //! Plain TCP forwarding over the API: an upgraded request becomes a raw
 //! byte stream to a port inside the sandbox (`mayfly port-forward`).
 
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use mayfly_types::{ApiError, ErrorCode};
 
 use crate::ports::PortPath;
@@ -59,30 +53,12 @@ pub(crate) async fn connect_port(
         None => Box::pin(std::future::pending()),
     };
     let on = hyper::upgrade::on(&mut req);
-    let api = s.api.clone();
     tokio::spawn(async move {
         if let Ok(up) = on.await {
-            let mut up = Counted::new(TokioIo::new(up));
-            let moved = up.count.clone();
-            // Bytes moving count as activity for the idle timeout, as a
-            // request does; an open forward with nothing moving does not.
-            let active = async {
-                let mut seen = 0;
-                loop {
-                    tokio::time::sleep(ACTIVITY_TICK).await;
-                    let now = moved.load(Ordering::Relaxed);
-                    if now != seen {
-                        seen = now;
-                        if let Some(g) = api.gateway() {
-                            g.touch(&id);
-                        }
-                    }
-                }
-            };
+            let mut up = TokioIo::new(up);
             tokio::select! {
                 _ = tokio::io::copy_bidirectional(&mut up, &mut upstream) => {}
                 () = revoked => tracing::info!(%id, port, "a forward was cut: its API key was revoked"),
-                () = active => {}
             }
         }
     });
@@ -92,58 +68,4 @@ pub(crate) async fn connect_port(
     resp.headers_mut()
         .insert(UPGRADE, HeaderValue::from_static(TCP_UPGRADE));
     Ok(resp)
-}
-
-/// How often a forward that moved bytes marks its sandbox active.
-const ACTIVITY_TICK: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A stream that counts the bytes read from it.
-struct Counted<S> {
-    inner: S,
-    count: Arc<AtomicU64>,
-}
-
-impl<S> Counted<S> {
-    fn new(inner: S) -> Self {
-        Counted {
-            inner,
-            count: Arc::new(AtomicU64::new(0)),
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len().saturating_sub(before);
-        self.count.fetch_add(n as u64, Ordering::Relaxed);
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, data);
-        if let Poll::Ready(Ok(n)) = r {
-            self.count.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        r
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }

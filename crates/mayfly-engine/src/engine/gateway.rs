@@ -355,12 +355,6 @@ impl GatewayApi for Engine {
         Ok(stream)
     }
 
-    fn touch(&self, id: &SandboxId) {
-        if let Ok(sb) = self.lookup(id) {
-            sb.touch();
-        }
-    }
-
     async fn ports(&self, id: &SandboxId) -> Result<SandboxPorts, EngineError> {
         let gate = self.active_gate(id)?;
         let p = gate.ports.read().unwrap_or_else(|p| p.into_inner());
