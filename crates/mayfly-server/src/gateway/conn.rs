@@ -20,9 +20,10 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -111,41 +112,68 @@ pub async fn accept_loop<L: Accept>(
     }
 }
 
-/// Counts a connection's requests in flight; a request is in flight from
-/// its head until its answer's body is done (or dropped).
+/// Counts a connection's requests in flight (a request is in flight from
+/// its head until its answer's body is done or dropped) and when the last
+/// one ended. Plain atomics: a request costs no wakeup and no timer; the
+/// idle check looks at them once per idle period.
 #[derive(Clone)]
-struct Activity(Arc<watch::Sender<usize>>);
+struct Activity(Arc<ActivityState>);
+
+struct ActivityState {
+    in_flight: AtomicUsize,
+    /// When the last request ended, in ms after `since`.
+    last_end_ms: AtomicU64,
+    since: Instant,
+}
 
 /// One request in flight; ends on drop.
 struct InFlight(Activity);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0 .0.send_modify(|n| *n = n.saturating_sub(1));
+        let a = &self.0 .0;
+        a.last_end_ms
+            .store(ms(a.since.elapsed()), Ordering::Relaxed);
+        a.in_flight.fetch_sub(1, Ordering::Release);
     }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Activity {
     fn new() -> Activity {
-        Activity(Arc::new(watch::channel(0).0))
+        Activity(Arc::new(ActivityState {
+            in_flight: AtomicUsize::new(0),
+            last_end_ms: AtomicU64::new(0),
+            since: Instant::now(),
+        }))
     }
 
     fn start(&self) -> InFlight {
-        self.0.send_modify(|n| *n += 1);
+        self.0.in_flight.fetch_add(1, Ordering::Acquire);
         InFlight(self.clone())
     }
 
-    /// Resolves once no request has been in flight for `limit`.
+    /// Resolves once no request has been in flight for `limit` (looked at
+    /// every `limit` at most, and exactly when the last request ended
+    /// `limit` ago).
     async fn idle_for(&self, limit: Duration) {
-        let mut rx = self.0.subscribe();
+        let a = &self.0;
+        let mut wait = limit;
         loop {
-            if *rx.borrow_and_update() == 0 {
-                tokio::select! {
-                    _ = tokio::time::sleep(limit) => return,
-                    _ = rx.changed() => {}
-                }
-            } else {
-                let _ = rx.changed().await;
+            tokio::time::sleep(wait).await;
+            if a.in_flight.load(Ordering::Acquire) > 0 {
+                wait = limit;
+                continue;
+            }
+            let idle = Duration::from_millis(
+                ms(a.since.elapsed()).saturating_sub(a.last_end_ms.load(Ordering::Relaxed)),
+            );
+            match limit.checked_sub(idle) {
+                Some(left) if !left.is_zero() => wait = left,
+                _ => return,
             }
         }
     }
