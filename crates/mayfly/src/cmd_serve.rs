@@ -27,6 +27,7 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
             per_sandbox: a.artifact_max_sandbox_bytes,
         },
         history: a.history.0,
+        tenant_repos: a.tenant_repos.clone(),
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;

@@ -135,3 +135,49 @@ async fn an_invalid_new_pool_is_refused_whole() {
         );
     }
 }
+
+/// With `--tenant-repo`, a tenant's workspace must come from one of the
+/// prefixes; an admin is not limited, and a bad prefix stops the daemon.
+#[tokio::test]
+async fn tenant_repositories_are_limited_to_the_configured_prefixes() {
+    let d = Daemon::start_with(&["--tenant-repo", "git://127.0.0.1:9/team/"]).await;
+    let (_, key) = tenant_client(&d, "team-a", TenantQuotas::default(), false).await;
+    let ws = |repo: &str| format!(r#"{{"workspace":{{"repo":"{repo}"}}}}"#);
+    for repo in [
+        "git://127.0.0.1:9/other/x.git",
+        "git://127.0.0.1:9/team.evil/x.git",
+        "https://127.0.0.1:9/team/x.git",
+    ] {
+        let r = http(
+            &d.socket,
+            "POST",
+            "/v1/sandboxes",
+            Some(&key),
+            Some(&ws(repo)),
+        );
+        assert_eq!(r.status, 403, "{repo}: {}", r.body);
+        assert!(r.body.contains("git://127.0.0.1:9/team/"), "{}", r.body);
+    }
+    // Allowed: it gets as far as the fetch, which fails (nothing listens).
+    for (who, repo) in [
+        (Some(key.as_str()), "git://127.0.0.1:9/team/x.git"),
+        (None, "git://127.0.0.1:9/other/x.git"),
+    ] {
+        let r = http(&d.socket, "POST", "/v1/sandboxes", who, Some(&ws(repo)));
+        assert_ne!(r.status, 403, "{repo}: {}", r.body);
+        assert_ne!(r.status, 201, "{repo}: {}", r.body);
+    }
+    for bad in [
+        "https://git.example.test",
+        "ftp://x/",
+        "https:///",
+        "git://host/a b/",
+    ] {
+        let out = d
+            .cli()
+            .args(["serve", "--tenant-repo", bad, "--help"])
+            .output()
+            .unwrap();
+        assert_ne!(out.status.code(), Some(0), "{bad} was taken");
+    }
+}

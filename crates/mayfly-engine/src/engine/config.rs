@@ -61,6 +61,10 @@ pub struct EngineConfig {
     /// How long an ended sandbox's record, transitions, exec audit and
     /// events are kept (see `engine::history`). None: forever.
     pub history: Option<Duration>,
+    /// URL prefixes (each ending in `/`) a tenant's workspace repository
+    /// must start with. Empty: any http(s):// or git:// URL. An admin is
+    /// never limited by it.
+    pub tenant_repos: Vec<String>,
 }
 
 /// The history kept by default: 30 days.
@@ -94,6 +98,7 @@ impl Default for EngineConfig {
             artifact_retention: Default::default(),
             artifact_caps: Default::default(),
             history: Some(DEFAULT_HISTORY),
+            tenant_repos: Vec::new(),
         }
     }
 }

@@ -53,7 +53,14 @@ pub(crate) fn check_template(template: &TemplateRef) -> Result<(), EngineError> 
 /// `file://` URL) name files on the daemon's host, which the daemon reads as
 /// root: only an admin may name them. Checked before the path is looked at,
 /// so a tenant cannot even learn whether it exists.
-pub(crate) fn check_host_paths(req: &CreateRequest, caller: &Caller) -> Result<(), EngineError> {
+///
+/// A tenant's remote repository is fetched by the daemon, from the host's
+/// network: with `tenant_repos` set, it must start with one of them.
+pub(crate) fn check_host_paths(
+    req: &CreateRequest,
+    caller: &Caller,
+    tenant_repos: &[String],
+) -> Result<(), EngineError> {
     if caller.admin {
         return Ok(());
     }
@@ -67,6 +74,13 @@ pub(crate) fn check_host_paths(req: &CreateRequest, caller: &Caller) -> Result<(
             return Err(EngineError::Forbidden(
                 "a workspace repository on the daemon's host (a path or a file:// URL) is for admins only; use an http(s):// or git:// URL".into(),
             ));
+        }
+        if !tenant_repos.is_empty() && !tenant_repos.iter().any(|p| ws.repo.starts_with(p.as_str()))
+        {
+            return Err(EngineError::Forbidden(format!(
+                "this daemon takes a tenant's workspace repositories only from: {}",
+                tenant_repos.join(", ")
+            )));
         }
     }
     Ok(())
@@ -163,7 +177,7 @@ impl super::Engine {
         {
             return Err(EngineError::ShuttingDown);
         }
-        check_host_paths(&req, caller)?;
+        check_host_paths(&req, caller, &cfg.tenant_repos)?;
         let template = req.template.clone().unwrap_or(TemplateRef::Host);
         let resolved = match resolved {
             Some(r) => r,

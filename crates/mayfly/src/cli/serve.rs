@@ -91,6 +91,12 @@ pub struct ServeArgs {
     /// never pruned.
     #[arg(long, default_value = "30d", value_parser = parse_history)]
     pub history: History,
+    /// A URL prefix, ending in `/`, that a tenant's workspace repository
+    /// may start with (repeatable; e.g. https://git.example.com/team/).
+    /// Without any, a tenant may name any http(s):// or git:// URL, which
+    /// the daemon fetches from the host's network. Admins are not limited.
+    #[arg(long = "tenant-repo", value_name = "PREFIX", value_parser = parse_repo_prefix)]
+    pub tenant_repos: Vec<String>,
 }
 
 /// What the daemon does with live sandboxes when asked to stop.
@@ -98,4 +104,24 @@ pub struct ServeArgs {
 pub enum ShutdownMode {
     Destroy,
     Drain,
+}
+
+/// A `--tenant-repo` prefix: an http(s):// or git:// URL with a host,
+/// ending in `/` (so `https://git.example.com/` cannot be matched by
+/// `https://git.example.com.evil.test/`).
+fn parse_repo_prefix(s: &str) -> Result<String, String> {
+    let rest = ["https://", "http://", "git://"]
+        .iter()
+        .find_map(|scheme| s.strip_prefix(scheme))
+        .ok_or("it must start with https://, http:// or git://")?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() || !rest.contains('/') || !s.ends_with('/') {
+        return Err(
+            "it must name a host and end with `/` (e.g. https://git.example.com/team/)".into(),
+        );
+    }
+    if !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("it must be printable ASCII without spaces".into());
+    }
+    Ok(s.to_owned())
 }
