@@ -9,6 +9,11 @@ use mayfly_server::ServerOptions;
 use crate::cli::{Cli, ServeArgs, ShutdownMode};
 
 pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i32> {
+    // First: a SIGTERM from the moment anyone can see the daemon (its
+    // socket) must be a clean shutdown, never the default action's death.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let cfg = EngineConfig {
         state_dir: cli.state_dir.clone(),
         default_ttl: a.default_ttl,
@@ -80,20 +85,18 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         listeners.push(mayfly_server::bind_tcp(addr).await?);
     }
     tracing::info!(socket = %cli.socket.display(), "mayfly daemon ready");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing a SIGTERM handler")?;
     let (mode, grace, stopper) = (a.shutdown, a.shutdown_grace, engine.clone());
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
         if mode == ShutdownMode::Drain {
             tracing::info!(grace = ?grace, "draining: new creates are refused; waiting for live sandboxes");
             let second = async {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
+                    _ = int.recv() => {}
                     _ = term.recv() => {}
                 }
             };
