@@ -200,13 +200,10 @@ impl SandboxApi for Engine {
                 // (a TTL's, with its hooks) is waited for, not overtaken.
                 let (engine, caller) = (self.clone(), caller.clone());
                 let stop = tokio::spawn(async move {
-                    if !engine.prepare_destroy(&sb, "user", &caller).await {
-                        engine.await_stop(&sb).await;
-                    }
                     // Answer once the sandbox is dead (its init and every
                     // process in it are SIGKILLed); cleanup finishes in the
                     // background.
-                    if engine.stop_sandbox(&sb, "user") {
+                    if engine.hooks_then_stop(&sb, "user", &caller).await {
                         let e = engine.clone();
                         let tracker = tokio::spawn(async move {
                             if let Err(err) = e.finish_destroy(sb, "user").await {

@@ -39,10 +39,7 @@ impl Engine {
     ) -> Result<SandboxInfo, EngineError> {
         sb.settled().await;
         let caller = crate::api::Caller::new(format!("mayfly:{reason}"));
-        if !self.prepare_destroy(&sb, reason, &caller).await {
-            self.await_stop(&sb).await;
-        }
-        if !self.stop_sandbox(&sb, reason) {
+        if !self.hooks_then_stop(&sb, reason, &caller).await {
             let notified = sb.destroyed.notified();
             if !sb.done.load(Ordering::SeqCst) {
                 let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
@@ -52,12 +49,28 @@ impl Engine {
         self.finish_destroy(sb, reason).await
     }
 
+    /// What every destroy does before its cleanup: claims the sandbox and
+    /// runs what comes before the kill ([`Engine::prepare_destroy`]), or
+    /// waits for the destroy that claimed it first, then kills it. True for
+    /// the one caller that stopped it, which finishes the destroy.
+    pub(crate) async fn hooks_then_stop(
+        &self,
+        sb: &Arc<Sandbox>,
+        reason: &str,
+        caller: &crate::api::Caller,
+    ) -> bool {
+        if !self.prepare_destroy(sb, reason, caller).await {
+            self.await_stop(sb).await;
+        }
+        self.stop_sandbox(sb, reason)
+    }
+
     /// Claims the sandbox's destroy for this caller and does what comes
     /// before the kill, while the sandbox still runs: its `before_remove`
     /// hooks (unless its create failed) and then the artifact collection.
     /// False, having done nothing, when another destroy has claimed it:
     /// that one's hooks may still be running, and it records the reason.
-    pub(crate) async fn prepare_destroy(
+    async fn prepare_destroy(
         &self,
         sb: &Arc<Sandbox>,
         reason: &str,
@@ -77,7 +90,7 @@ impl Engine {
 
     /// Waits until the destroy another caller claimed has killed the
     /// sandbox (its hooks have their own timeouts).
-    pub(crate) async fn await_stop(&self, sb: &Sandbox) {
+    async fn await_stop(&self, sb: &Sandbox) {
         while !sb.is_stopping() && !sb.done.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
