@@ -71,6 +71,7 @@ impl EngineError {
             EngineError::Unavailable(_) => ErrorCode::Unavailable,
             EngineError::ExecFailed { .. } => ErrorCode::ExecFailed,
             EngineError::Files(e) => e.code(),
+            EngineError::Quota(q) if !q.can_pass() => ErrorCode::PermissionDenied,
             EngineError::Exhausted(_) | EngineError::Quota(_) => ErrorCode::ResourceExhausted,
             EngineError::Tenancy(e) => e.code(),
             EngineError::Gateway(e) => e.code(),
@@ -84,7 +85,7 @@ impl EngineError {
     /// front end sends it as `Retry-After`), for errors that pass.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            EngineError::Quota(q) => Some(q.retry_after_secs()),
+            EngineError::Quota(q) => q.can_pass().then(|| q.retry_after_secs()),
             // The uid ranges free up as sandboxes end.
             EngineError::Exhausted(_) => Some(crate::engine::FREED_RETRY_SECS),
             _ => None,

@@ -42,6 +42,9 @@ pub const SANDBOX_HEADER: &str = "x-mayfly-sandbox";
         (status = 400, description = "Invalid request.", body = ApiError),
         (status = 415, description = "Not `application/json`.", body = ApiError),
         (status = 422, description = "The command could not be started.", body = ApiError),
+        (status = 403, description = "Refused for good: a tenant key naming a host path \
+            (a `dir:` template, a local repository), or a quota no wait can satisfy (zero, \
+            or smaller than the sandbox alone).", body = ApiError),
         (status = 429, description = "A tenant quota or a host limit was reached; \
             `Retry-After` says when to try again.", body = ApiError),
     ))]

@@ -38,6 +38,9 @@ pub const MAX_LIST_LIMIT: u32 = 10_000;
         (status = 400, description = "Invalid request or limits.", body = ApiError),
         (status = 413, description = "Body over 1 MiB.", body = ApiError),
         (status = 415, description = "Not `application/json`.", body = ApiError),
+        (status = 403, description = "Refused for good: a tenant key naming a host path \
+            (a `dir:` template, a local repository), or a quota no wait can satisfy (zero, \
+            or smaller than the sandbox alone).", body = ApiError),
         (status = 429, description = "A tenant quota or a host limit was reached; \
             `Retry-After` says when to try again.", body = ApiError),
     ))]

@@ -1,7 +1,8 @@
 //! API keys, tenants and quotas against a real daemon: isolation between
-//! tenants, revoked keys, every quota's 429 with `Retry-After`, concurrent
-//! admission, the admin API's answers to bad input and to non-admins, the
-//! CLI, and that no secret is stored or logged in clear.
+//! tenants, revoked keys, every quota's 429 with `Retry-After` (a 403 when
+//! no wait can help), concurrent admission, the admin API's answers to bad
+//! input and to non-admins, the CLI, and that no secret is stored or logged
+//! in clear.
 
 mod common;
 
@@ -239,7 +240,13 @@ async fn each_quota_answers_429_with_retry_after() {
     let usage = d.client.tenant("totals").await.unwrap().usage;
     assert_eq!(usage.live, 0);
 
-    // A quota changed live holds from the next create.
+    // A sandbox bigger than the whole quota can never fit: 403, no Retry-After.
+    let (status, c, msg) = code(tot.create(&limited(2000, 64 * MIB)).await);
+    assert_eq!((status, c), (403, ErrorCode::PermissionDenied), "{msg}");
+    assert!(msg.contains("CPU millicores"), "{msg}");
+
+    // A quota changed live holds from the next create; a zero quota is a
+    // final refusal, not a 429 asking the client to poll.
     d.client
         .put_tenant(
             "live",
@@ -250,7 +257,33 @@ async fn each_quota_answers_429_with_retry_after() {
         )
         .await
         .unwrap();
-    assert_eq!(code(live.create(&CreateRequest::default()).await).0, 429);
+    assert_eq!(code(live.create(&CreateRequest::default()).await).0, 403);
+    d.client
+        .put_tenant(
+            "rate",
+            &TenantQuotas {
+                max_creates_per_min: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let r = http(&d.socket, "POST", "/v1/sandboxes", Some(&key), Some("{}"));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(r.json()["code"], "permission_denied");
+    assert!(
+        r.header("retry-after").is_none(),
+        "{:?}",
+        r.header("retry-after")
+    );
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 creates per minute; it may create none"),
+        "{}",
+        r.body
+    );
 }
 
 #[tokio::test]
@@ -462,7 +495,9 @@ async fn tenants_quotas_and_keys_survive_a_restart() {
         "the key still works"
     );
     let (status, _, msg) = code(c.create(&CreateRequest::default()).await);
-    assert_eq!(status, 429, "the quota was read back at start: {msg}");
+    // A zero quota refuses for good: 403.
+    assert_eq!(status, 403, "the quota was read back at start: {msg}");
+    assert!(msg.contains("quota of 0 live sandboxes"), "{msg}");
     let t = d.client.tenant("kept").await.unwrap();
     assert_eq!(t.quotas, quotas);
     let keys = d.client.keys().await.unwrap();

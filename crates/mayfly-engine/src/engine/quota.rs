@@ -33,7 +33,7 @@ pub(crate) const FREED_RETRY_SECS: u64 = 2;
 pub enum QuotaError {
     #[error("tenant `{tenant}` is at its quota of {max} live sandboxes")]
     Live { tenant: String, max: u32 },
-    #[error("tenant `{tenant}` is at its quota of {per_min} creates per minute; retry in {retry_after_secs} s")]
+    #[error("tenant `{tenant}` is at its quota of {per_min} creates per minute{}", rate_hint(*per_min, *retry_after_secs))]
     Rate {
         tenant: String,
         per_min: u32,
@@ -57,7 +57,33 @@ pub enum QuotaError {
     DaemonFull { max: u32 },
 }
 
+fn rate_hint(per_min: u32, retry_after_secs: u64) -> String {
+    if per_min == 0 {
+        "; it may create none".to_owned()
+    } else {
+        format!("; retry in {retry_after_secs} s")
+    }
+}
+
 impl QuotaError {
+    /// Whether waiting can ever admit this create: not when the quota is
+    /// zero (no live sandbox, no create a minute) or smaller than the
+    /// sandbox alone. Such a refusal is final (a 403, no `Retry-After`),
+    /// not a 429 asking the caller to poll for capacity that never comes.
+    pub fn can_pass(&self) -> bool {
+        match self {
+            QuotaError::Live { max, .. } => *max > 0,
+            QuotaError::Rate { per_min, .. } => *per_min > 0,
+            QuotaError::Cpu {
+                max, used, wanted, ..
+            }
+            | QuotaError::Memory {
+                max, used, wanted, ..
+            } => wanted.saturating_sub(*used) <= *max,
+            QuotaError::DaemonFull { max } => *max > 0,
+        }
+    }
+
     pub fn retry_after_secs(&self) -> u64 {
         match self {
             QuotaError::Rate {
@@ -125,7 +151,8 @@ impl Bucket {
             return Ok(());
         }
         if self.per_min == 0 {
-            return Err(60);
+            // Never; `QuotaError::can_pass` makes this refusal final.
+            return Err(0);
         }
         let ms = (TOKEN - self.units).div_ceil(self.per_min.into());
         Err(ms.div_ceil(1000).max(1))

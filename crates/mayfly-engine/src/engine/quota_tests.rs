@@ -161,13 +161,57 @@ fn the_create_rate_is_a_token_bucket_of_one_minute() {
 }
 
 #[test]
-fn a_zero_rate_refuses_every_create_for_a_minute() {
+fn a_zero_rate_refuses_every_create_for_good() {
     let mut l = ledger(TenantQuotas {
         max_creates_per_min: Some(0),
         ..TenantQuotas::default()
     });
     let e = quota_err(l.admit(&ask("t", 1, 1), DAEMON_MAX, 0));
-    assert_eq!(e.retry_after_secs(), 60);
+    assert!(!e.can_pass(), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "tenant `t` is at its quota of 0 creates per minute; it may create none"
+    );
+    // An hour later it is still refused, and still for good.
+    let e = quota_err(l.admit(&ask("t", 1, 1), DAEMON_MAX, 3_600_000));
+    assert!(!e.can_pass(), "{e:?}");
+    let err = crate::EngineError::Quota(e);
+    assert_eq!(err.code(), mayfly_types::ErrorCode::PermissionDenied);
+    assert_eq!(err.retry_after_secs(), None);
+}
+
+#[test]
+fn a_quota_smaller_than_the_sandbox_alone_refuses_it_for_good() {
+    let mut l = ledger(TenantQuotas {
+        max_cpu_millis: Some(1_000),
+        max_memory_bytes: Some(1 << 30),
+        max_live: Some(5),
+        ..TenantQuotas::default()
+    });
+    // 2 CPUs asked of a 1-CPU quota: no destroy can ever make room.
+    let e = quota_err(l.admit(&ask("t", 2_000, 1), DAEMON_MAX, 0));
+    assert!(!e.can_pass(), "{e:?}");
+    let e = quota_err(l.admit(&ask("t", 1, 2 << 30), DAEMON_MAX, 0));
+    assert!(!e.can_pass(), "{e:?}");
+    // A sandbox that fits alone, refused only for what others hold, waits.
+    l.admit(&ask("t", 600, 1), DAEMON_MAX, 0).unwrap();
+    l.commit(&sid(1), ask("t", 600, 1));
+    let e = quota_err(l.admit(&ask("t", 600, 1), DAEMON_MAX, 0));
+    assert!(e.can_pass(), "{e:?}");
+    let err = crate::EngineError::Quota(e);
+    assert_eq!(err.code(), mayfly_types::ErrorCode::ResourceExhausted);
+    assert_eq!(err.retry_after_secs(), Some(FREED_RETRY_SECS));
+}
+
+#[test]
+fn a_zero_live_quota_refuses_for_good() {
+    let mut l = ledger(TenantQuotas {
+        max_live: Some(0),
+        ..TenantQuotas::default()
+    });
+    let e = quota_err(l.admit(&ask("t", 1, 1), DAEMON_MAX, 0));
+    assert!(matches!(e, QuotaError::Live { max: 0, .. }), "{e:?}");
+    assert!(!e.can_pass());
 }
 
 #[test]
