@@ -75,9 +75,20 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
     };
     if let Some(l) = gateway {
         tracing::info!(addr = ?l.local_addr().ok(), domain = %a.gateway_domain, "gateway ready");
-        mayfly_server::gateway::Gateway::new(api.clone(), &a.gateway_domain)
-            .spawn(l, a.gateway_threads)
-            .context("starting the gateway's threads")?;
+        let max = a.gateway_max_connections as usize;
+        let limits = mayfly_server::gateway::conn::Limits {
+            connections: max,
+            upstreams: max,
+        };
+        let timeouts = mayfly_server::gateway::conn::Timeouts::default();
+        mayfly_server::gateway::Gateway::with_options(
+            api.clone(),
+            &a.gateway_domain,
+            timeouts,
+            limits,
+        )
+        .spawn(l, a.gateway_threads)
+        .context("starting the gateway's threads")?;
     }
     let app = mayfly_server::app(api, opts);
     let mut listeners = vec![mayfly_server::bind_unix(&cli.socket).await?];

@@ -2,8 +2,9 @@
 //! routing loop is cut (the reserved in-sandbox port, the hop count), the
 //! token never reaches an upstream however it is sent (a redirect takes it
 //! out of the browser's URL; every Cookie header is stripped), only a
-//! verified token becomes a cookie, and refused requests do not keep a
-//! sandbox alive.
+//! verified token becomes a cookie, refused requests do not keep a
+//! sandbox alive, and a sandbox that floods its own gateway listener with
+//! connections makes the daemon hold only a bounded number of descriptors.
 
 mod common;
 #[path = "gateway/support.rs"]
@@ -12,7 +13,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::keys::code;
-use mayfly_types::{CreateRequest, ErrorCode, SandboxId};
+use mayfly_types::{CreateRequest, ErrorCode, SandboxId, StartProcessRequest};
 use support::{curl, daemon, error_code, sandbox_serving, HostServer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -291,4 +292,138 @@ async fn refused_gateway_requests_do_not_keep_a_sandbox_alive() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(info.reason.as_deref(), Some("idle"), "{info:?}");
+}
+
+/// Opens 150 connections to the sandbox's gateway listener, each sending a
+/// request for the `api` service, and holds them all.
+const FLOOD_PY: &str = "import socket, time
+socks = []
+for i in range(150):
+    s = socket.create_connection(('127.0.0.1', 15080))
+    s.sendall(b'GET / HTTP/1.1\\r\\nHost: x\\r\\nX-Mayfly-Service: api\\r\\n\\r\\n')
+    socks.append(s)
+print('holding', len(socks), flush=True)
+time.sleep(600)
+";
+
+#[tokio::test]
+async fn a_sandbox_flooding_its_gateway_listener_holds_few_daemon_descriptors() {
+    let (d, gw) = daemon().await;
+    let base = HostServer::start("base-api", None);
+    d.client.put_route("api", &base.url()).await.unwrap();
+    let id = sandbox_serving(&d, "inside", 8000, None).await;
+    // An override gives the sandbox its gateway listener (15080).
+    d.client.set_override(&id, "api", 8000).await.unwrap();
+    let before = fd_count(d.pid);
+    let flood = d
+        .client
+        .start_process(
+            &id,
+            &StartProcessRequest {
+                argv: vec!["python3".into(), "-c".into(), FLOOD_PY.into()],
+                ..StartProcessRequest::default()
+            },
+        )
+        .await
+        .expect("starting the flood");
+    // 64 client connections served (the in-sandbox limit), each with its
+    // upstream connection to the baseline; the rest wait in the backlog.
+    let mut now = 0;
+    let flooded = common::eventually(Duration::from_secs(20), || {
+        now = fd_count(d.pid);
+        now >= before + 2 * 64
+    })
+    .await;
+    let out = d.client.process_output(&id, flood.handle).await.unwrap();
+    let out = format!(
+        "stdout {:?}, stderr {:?}",
+        String::from_utf8_lossy(&out.stdout.0),
+        String::from_utf8_lossy(&out.stderr.0)
+    );
+    assert!(
+        flooded,
+        "the flood never took the listener's 64 places: {before} descriptors, now {now}; {out}"
+    );
+    assert!(
+        out.contains("holding 150"),
+        "the flood's 150 connections were not all made: {out}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = fd_count(d.pid) - before;
+    eprintln!("a flood of 150 connections: the daemon holds {held} more descriptors");
+    assert!(
+        held <= 2 * 64 + 24,
+        "150 connections made the daemon hold {held} more descriptors"
+    );
+    // The host's gateway and the API are not held up by it.
+    let url = format!("http://127.0.0.1:{gw}/");
+    let (s, b) = curl(&url, &["-H", "X-Mayfly-Service: api"]);
+    assert_eq!(s, 200, "{b}");
+    assert!(d.client.get(&id).await.is_ok());
+    // Once the flood ends, the places come back and the sandbox's own
+    // requests are served again.
+    d.client
+        .signal_process(&id, flood.handle, None)
+        .await
+        .unwrap();
+    let inside = d
+        .sh(
+            &id,
+            "python3 -c \"import http.client as h; c=h.HTTPConnection('127.0.0.1',15080,timeout=20); \
+             c.request('GET','/',headers={'X-Mayfly-Service':'api'}); print(c.getresponse().status)\"",
+        )
+        .await;
+    assert_eq!(inside, "200\n");
+    let settled = common::eventually(Duration::from_secs(15), || {
+        now = fd_count(d.pid);
+        now <= before + 8
+    })
+    .await;
+    assert!(settled, "the daemon held {before} descriptors, now {now}");
+}
+
+/// 64 kept-alive connections to the sandbox's gateway listener (all it
+/// serves at once), each calling `api`, then `api2`, then `api3`; prints
+/// how many answers had each status.
+const FAN_OUT_PY: &str = "import http.client as h
+cs = [h.HTTPConnection('127.0.0.1', 15080, timeout=30) for _ in range(64)]
+counts = {}
+for svc in ['api', 'api2', 'api3']:
+    for c in cs:
+        c.request('GET', '/', headers={'X-Mayfly-Service': svc})
+        r = c.getresponse()
+        r.read()
+        counts[r.status] = counts.get(r.status, 0) + 1
+print(sorted(counts.items()))
+";
+
+#[tokio::test]
+async fn a_sandbox_s_calls_hold_at_most_128_upstream_connections() {
+    let (d, _gw) = daemon().await;
+    // Three baselines: each client connection keeps one upstream
+    // connection to each (192 in all, were there no limit).
+    let bases: Vec<_> = ["base-api", "base-api2", "base-api3"]
+        .iter()
+        .map(|n| HostServer::start(n, None))
+        .collect();
+    for (svc, b) in ["api", "api2", "api3"].iter().zip(&bases) {
+        d.client.put_route(svc, &b.url()).await.unwrap();
+    }
+    let id = sandbox_serving(&d, "inside", 8000, None).await;
+    d.client.set_override(&id, "other", 8000).await.unwrap();
+    d.client
+        .write_file(
+            &id,
+            "/workspace/fan.py",
+            FAN_OUT_PY.as_bytes().to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    let out = d.sh(&id, "python3 /workspace/fan.py").await;
+    // The first 128 upstream connections are made; the rest are refused
+    // with a 503 that says why, while those are open.
+    assert_eq!(out, "[(200, 128), (503, 64)]\n");
+    let url = format!("http://127.0.0.1:{}/", bases[0].port);
+    assert_eq!(curl(&url, &[]).0, 200, "the baseline itself is fine");
 }

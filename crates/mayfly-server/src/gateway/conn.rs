@@ -16,6 +16,17 @@
 //! A request in flight (its answer still streaming, however slowly) is
 //! never cut, and an upgraded connection (WebSocket) leaves this code once
 //! it is upgraded: neither deadline applies to it.
+//!
+//! Limits, so that a client (above all code inside a sandbox, calling the
+//! gateway's listener in its own namespace) cannot make the daemon hold
+//! descriptors without bound: each listener serves at most
+//! [`Limits::connections`] client connections at once (past that it stops
+//! accepting, and new clients wait in the kernel's backlog until one
+//! ends; an upgraded connection keeps its place until its relay ends), an
+//! HTTP/2 client may have [`MAX_STREAMS`] requests in flight on one
+//! connection, and the listener's client connections together hold at
+//! most [`Limits::upstreams`] upstream connections
+//! ([`super::upstream::Upstreams`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,7 +42,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Request headers, all together, may be at most this large (HTTP/1.1 and
 /// HTTP/2); past it the client gets 431.
@@ -40,6 +51,71 @@ const MAX_HEADER_BYTES: usize = 64 * 1024;
 const GRACE: Duration = Duration::from_secs(5);
 /// The first and the longest wait after a failed accept.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+
+/// Requests one HTTP/2 client connection may have in flight at once
+/// (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+pub const MAX_STREAMS: u32 = 100;
+
+/// The host listener's default for both of its [`Limits`]
+/// (`serve --gateway-max-connections`).
+pub const HOST_MAX_CONNECTIONS: u32 = 4096;
+
+/// How much one listener serves at once (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Client connections, upgraded ones included.
+    pub connections: usize,
+    /// Upstream connections, all client connections together.
+    pub upstreams: usize,
+}
+
+impl Limits {
+    /// The host's gateway listener (all its threads together).
+    pub const HOST: Limits = Limits {
+        connections: HOST_MAX_CONNECTIONS as usize,
+        upstreams: HOST_MAX_CONNECTIONS as usize,
+    };
+    /// The listener inside one sandbox (the sandbox's own code is its
+    /// only client).
+    pub const IN_SANDBOX: Limits = Limits {
+        connections: 64,
+        upstreams: 128,
+    };
+}
+
+/// A listener's places, as [`Limits`] sets them: cheap to clone, shared by
+/// every thread that accepts on the listener.
+#[derive(Clone)]
+pub struct Slots {
+    connections: Arc<Semaphore>,
+    upstreams: Arc<Semaphore>,
+    limits: Limits,
+}
+
+impl Slots {
+    pub fn new(limits: Limits) -> Slots {
+        Slots {
+            connections: Arc::new(Semaphore::new(limits.connections.max(1))),
+            upstreams: Arc::new(Semaphore::new(limits.upstreams.max(1))),
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The places for upstream connections.
+    pub fn upstreams(&self) -> Arc<Semaphore> {
+        self.upstreams.clone()
+    }
+}
+
+/// A client connection's place: held by the connection's task and, once
+/// the connection is upgraded, by the relay that carries it on (it rides in
+/// the upgrade request's extensions).
+#[derive(Clone)]
+pub struct Slot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
 
 /// The deadlines of a client connection (see the module's documentation).
 #[derive(Debug, Clone, Copy)]
@@ -79,18 +155,33 @@ async fn until_gone(gone: &mut Option<watch::Receiver<()>>) {
     }
 }
 
-/// Accepts connections until `gone` resolves, handing each to `on_conn`. A
+/// Accepts connections until `gone` resolves, handing each to `on_conn`
+/// with its place; with none free it accepts nothing until one is. A
 /// failed accept (out of descriptors, a connection aborted before it was
 /// taken, …) is waited out with a growing pause and retried: it never ends
 /// the loop, which would leave a listener that takes connections into its
 /// backlog and never serves them.
 pub async fn accept_loop<L: Accept>(
     listener: L,
+    slots: &Slots,
     mut gone: Option<watch::Receiver<()>>,
-    mut on_conn: impl FnMut(TcpStream),
+    mut on_conn: impl FnMut(TcpStream, Slot),
 ) {
     let mut pause = BACKOFF.0;
     loop {
+        if slots.connections.available_permits() == 0 {
+            tracing::warn!(
+                max = slots.limits.connections,
+                "a gateway listener is at its connection limit; accepting again when one ends"
+            );
+        }
+        let permit = tokio::select! {
+            p = slots.connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = until_gone(&mut gone) => return,
+        };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = until_gone(&mut gone) => return,
@@ -98,7 +189,7 @@ pub async fn accept_loop<L: Accept>(
         match accepted {
             Ok(s) => {
                 pause = BACKOFF.0;
-                on_conn(s);
+                on_conn(s, Slot(Arc::new(permit)));
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?pause, "gateway accept failed");
@@ -207,9 +298,12 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 
 /// Serves one client connection on this thread's runtime, each request
 /// answered by `handle`, until the client goes, the connection idles out,
-/// or `gone` resolves (the listener's sandbox is being destroyed).
+/// or `gone` resolves (the listener's sandbox is being destroyed). The
+/// connection holds `slot` until then; a request that asks for an upgrade
+/// carries a clone of it in its extensions, for the relay to hold.
 pub fn serve<F, Fut, B>(
     stream: TcpStream,
+    slot: Slot,
     timeouts: Timeouts,
     mut gone: Option<watch::Receiver<()>>,
     handle: F,
@@ -228,11 +322,16 @@ pub fn serve<F, Fut, B>(
             .max_buf_size(MAX_HEADER_BYTES.max(8192));
         b.http2()
             .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_STREAMS)
             .max_header_list_size(MAX_HEADER_BYTES as u32);
         let activity = Activity::new();
         let counted = activity.clone();
-        let svc = hyper::service::service_fn(move |req| {
+        let held = slot.clone();
+        let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let in_flight = counted.start();
+            if req.headers().contains_key(http::header::UPGRADE) {
+                req.extensions_mut().insert(held.clone());
+            }
             let answer = handle(req);
             async move {
                 let resp = answer.await.map(|body| Tracked {
@@ -251,6 +350,7 @@ pub fn serve<F, Fut, B>(
         }
         conn.as_mut().graceful_shutdown();
         let _ = tokio::time::timeout(GRACE, conn).await;
+        drop(slot);
     });
 }
 
@@ -278,26 +378,36 @@ mod tests {
     /// chunks 500 ms apart (longer, in all, than either deadline); anything
     /// else is `ok`.
     async fn server() -> u16 {
+        server_with(SHORT, Limits::HOST).await
+    }
+
+    async fn server_with(timeouts: Timeouts, limits: Limits) -> u16 {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
-        tokio::spawn(accept_loop(l, None, |s| {
-            serve(s, SHORT, None, |req: Request<Incoming>| async move {
-                if req.uri().path() != "/slow" {
-                    return Response::new(TestBody::Left(Full::new(Bytes::from("ok"))));
-                }
-                let (tx, rx) = tokio::sync::mpsc::channel(1);
-                tokio::spawn(async move {
-                    for i in 0..4 {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        let chunk = Frame::data(Bytes::from(format!("chunk{i};")));
-                        let _ = tx.send(Ok(chunk)).await;
-                    }
-                });
-                let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-                Response::new(TestBody::Right(StreamBody::new(stream)))
+        let slots = Slots::new(limits);
+        tokio::spawn(async move {
+            accept_loop(l, &slots, None, |s, slot| {
+                serve(s, slot, timeouts, None, handler)
             })
-        }));
+            .await
+        });
         port
+    }
+
+    async fn handler(req: Request<Incoming>) -> Response<TestBody> {
+        if req.uri().path() != "/slow" {
+            return Response::new(TestBody::Left(Full::new(Bytes::from("ok"))));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            for i in 0..4 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let chunk = Frame::data(Bytes::from(format!("chunk{i};")));
+                let _ = tx.send(Ok(chunk)).await;
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Response::new(TestBody::Right(StreamBody::new(stream)))
     }
 
     /// Reads until the peer closes; how long that took, and what came.
@@ -364,6 +474,62 @@ mod tests {
         assert!(out.contains("chunk3;"), "cut after {took:?}: {out}");
     }
 
+    /// Sends one kept-alive request and reads its whole answer ("ok").
+    async fn ask(s: &mut TcpStream) -> String {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 512];
+        while !out.ends_with(b"ok") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn past_its_connection_limit_a_listener_serves_the_next_client_only_when_one_ends() {
+        let long = Timeouts {
+            header_read: Duration::from_secs(30),
+            idle: Duration::from_secs(30),
+        };
+        let port = server_with(
+            long,
+            Limits {
+                connections: 2,
+                upstreams: 2,
+            },
+        )
+        .await;
+        let mut first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut second = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
+        assert!(ask(&mut second).await.starts_with("HTTP/1.1 200"));
+        // The third is connected (the kernel's backlog) but not served.
+        let mut third = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let waiting = tokio::time::timeout(Duration::from_millis(500), ask(&mut third)).await;
+        assert!(waiting.is_err(), "served past the limit: {waiting:?}");
+        // Its request is answered as soon as a place frees.
+        drop(first);
+        let served = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 512];
+            while !out.ends_with(b"ok") {
+                let n = third.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                out.extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        })
+        .await
+        .expect("the waiting client was served once a connection ended");
+        assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+        // The other connection was served throughout.
+        assert!(ask(&mut second).await.starts_with("HTTP/1.1 200"));
+    }
+
     /// Fails its first accepts as a listener out of descriptors does.
     struct Failing {
         fails: AtomicUsize,
@@ -391,9 +557,13 @@ mod tests {
         };
         let (tx, rx) = watch::channel(());
         let (conns_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
-        let lp = tokio::spawn(accept_loop(l, Some(rx), move |s| {
-            let _ = conns_tx.send(s);
-        }));
+        let lp = tokio::spawn(async move {
+            let slots = Slots::new(Limits::HOST);
+            accept_loop(l, &slots, Some(rx), move |s, _| {
+                let _ = conns_tx.send(s);
+            })
+            .await
+        });
         let _c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let got = tokio::time::timeout(Duration::from_secs(5), conns.recv()).await;
         assert!(

@@ -31,7 +31,7 @@ use mayfly_types::ErrorCode;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use conn::Timeouts;
+use conn::{Limits, Slot, Slots, Timeouts};
 use parse::{ParseError, Target};
 use proxy::{error, forward, redirect, GatewayBody};
 use token::Source;
@@ -53,6 +53,8 @@ struct Inner {
     api: Arc<dyn SandboxApi>,
     domain: String,
     timeouts: Timeouts,
+    /// The host listener's places, shared by every gateway thread.
+    host: Slots,
 }
 
 /// Where a request came in.
@@ -83,16 +85,32 @@ fn parse_error(e: ParseError) -> Response<GatewayBody> {
 impl Gateway {
     /// A gateway over `api` answering for `*.<domain>`.
     pub fn new(api: Arc<dyn SandboxApi>, domain: &str) -> Gateway {
-        Gateway::with_timeouts(api, domain, Timeouts::default())
+        Gateway::with_options(api, domain, Timeouts::default(), Limits::HOST)
     }
 
-    /// [`Gateway::new`] with the client connections' deadlines.
-    pub fn with_timeouts(api: Arc<dyn SandboxApi>, domain: &str, timeouts: Timeouts) -> Gateway {
+    /// [`Gateway::new`] with the client connections' deadlines and the
+    /// host listener's limits.
+    pub fn with_options(
+        api: Arc<dyn SandboxApi>,
+        domain: &str,
+        timeouts: Timeouts,
+        host: Limits,
+    ) -> Gateway {
+        Gateway::with_slots(api, domain, timeouts, Slots::new(host))
+    }
+
+    fn with_slots(
+        api: Arc<dyn SandboxApi>,
+        domain: &str,
+        timeouts: Timeouts,
+        host: Slots,
+    ) -> Gateway {
         Gateway {
             inner: Arc::new(Inner {
                 api,
                 domain: domain.trim_matches('.').to_ascii_lowercase(),
                 timeouts,
+                host,
             }),
         }
     }
@@ -109,7 +127,7 @@ impl Gateway {
         for i in 0..threads.max(1) {
             let l = listener.try_clone()?;
             let (api, domain) = (self.inner.api.clone(), self.inner.domain.clone());
-            let timeouts = self.inner.timeouts;
+            let (timeouts, host) = (self.inner.timeouts, self.inner.host.clone());
             let inside = if i == 0 { inside.take() } else { None };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -120,7 +138,7 @@ impl Gateway {
                     rt.block_on(async move {
                         // Each thread its own: no reference count shared
                         // between threads on the per-request path.
-                        let gw = Gateway::with_timeouts(api, &domain, timeouts);
+                        let gw = Gateway::with_slots(api, &domain, timeouts, host.clone());
                         if let Some(mut inside) = inside {
                             let gw = gw.clone();
                             tokio::spawn(async move {
@@ -136,8 +154,10 @@ impl Gateway {
                                 return;
                             }
                         };
-                        conn::accept_loop(l, None, |s| gw.clone().serve_conn(s, Entry::Host, None))
-                            .await;
+                        conn::accept_loop(l, &host, None, |s, slot| {
+                            gw.clone().serve_conn(s, slot, &host, Entry::Host, None)
+                        })
+                        .await;
                     })
                 })?;
         }
@@ -156,19 +176,28 @@ impl Gateway {
             }
         };
         let conn_gone = gone.clone();
-        conn::accept_loop(listener, Some(gone), |s| {
+        // The sandbox's own places: its code cannot take the host's.
+        let slots = Slots::new(Limits::IN_SANDBOX);
+        conn::accept_loop(listener, &slots, Some(gone), |s, slot| {
             self.clone()
-                .serve_conn(s, Entry::InSandbox, Some(conn_gone.clone()))
+                .serve_conn(s, slot, &slots, Entry::InSandbox, Some(conn_gone.clone()))
         })
         .await;
     }
 
-    fn serve_conn(self, stream: TcpStream, entry: Entry, gone: Option<watch::Receiver<()>>) {
+    fn serve_conn(
+        self,
+        stream: TcpStream,
+        slot: Slot,
+        slots: &Slots,
+        entry: Entry,
+        gone: Option<watch::Receiver<()>>,
+    ) {
         // The client connection's own upstream connections: dropped with
         // it, which closes them.
-        let conns = Upstreams::default();
+        let conns = Upstreams::new(slots.upstreams(), slots.limits().upstreams);
         let timeouts = self.inner.timeouts;
-        conn::serve(stream, timeouts, gone, move |req| {
+        conn::serve(stream, slot, timeouts, gone, move |req| {
             let (gw, entry, conns) = (self.clone(), entry.clone(), conns.clone());
             async move { gw.handle(req, &entry, &conns).await }
         });

@@ -112,6 +112,8 @@ pub async fn forward(
     }
     let upgrade = upgrade_of(req.headers());
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    // The client connection's place, for the relay to keep once upgraded.
+    let slot = req.extensions_mut().remove::<super::conn::Slot>();
     strip_hop_by_hop(req.headers_mut());
     if let Some(u) = &upgrade {
         req.headers_mut()
@@ -123,6 +125,7 @@ pub async fn forward(
     let mut resp = match conns.send(api, to, req, upgrade.is_none()).await {
         Ok(r) => r,
         Err(UpstreamError::Engine(e)) => return super::engine_error(e),
+        Err(e @ UpstreamError::Busy { .. }) => return error(ErrorCode::Unavailable, e.to_string()),
         Err(e) => return error(ErrorCode::BadGateway, e.to_string()),
     };
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -134,6 +137,7 @@ pub async fn forward(
                         tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b))
                             .await;
                 }
+                drop(slot);
             });
             return resp.map(Either::Left);
         }

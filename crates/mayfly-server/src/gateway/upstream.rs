@@ -11,6 +11,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Semaphore;
+
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -68,19 +70,38 @@ pub enum UpstreamError {
     },
     #[error("the upstream did not answer: {0}")]
     Exchange(String),
+    /// The listener's client connections hold all the upstream connections
+    /// it allows ([`super::conn::Limits::upstreams`]).
+    #[error("this gateway listener has {max} upstream connections open, its most; retry when some close")]
+    Busy { max: usize },
 }
 
 /// An idle upstream connection and where it goes.
 type Idle = (Key, SendRequest<Incoming>);
 
 /// One client connection's idle upstream connections: cheap to clone
-/// (the clones share them).
-#[derive(Clone, Default)]
+/// (the clones share them). Each upstream connection, idle or busy, holds
+/// one of its listener's places ([`super::conn::Slots::upstreams`]) until
+/// it closes.
+#[derive(Clone)]
 pub struct Upstreams {
     idle: Arc<Mutex<Vec<Idle>>>,
+    places: Arc<Semaphore>,
+    max: usize,
 }
 
 impl Upstreams {
+    /// A client connection's upstream connections, taking their places
+    /// from `places` (at most `max` in all, shared with the listener's
+    /// other client connections).
+    pub fn new(places: Arc<Semaphore>, max: usize) -> Upstreams {
+        Upstreams {
+            idle: Arc::default(),
+            places,
+            max,
+        }
+    }
+
     /// An idle connection to `to` that can take a request now; closed ones
     /// met on the way are dropped.
     fn take(&self, to: &Upstream<'_>) -> Option<SendRequest<Incoming>> {
@@ -113,13 +134,13 @@ impl Upstreams {
     ) -> Result<Response<Incoming>, UpstreamError> {
         let (mut s, fresh) = match self.take(&to) {
             Some(s) => (s, false),
-            None => (connect(api, &to).await?, true),
+            None => (self.connect(api, &to).await?, true),
         };
         let resp = match s.try_send_request(req).await {
             Ok(r) => r,
             Err(mut e) => match e.take_message() {
                 Some(req) if !fresh => {
-                    s = connect(api, &to).await?;
+                    s = self.connect(api, &to).await?;
                     s.send_request(req)
                         .await
                         .map_err(|e| UpstreamError::Exchange(why(&e)))?
@@ -132,6 +153,33 @@ impl Upstreams {
         }
         Ok(resp)
     }
+
+    /// A new HTTP/1.1 connection to `to`, its connection task spawned on
+    /// this thread's runtime (it ends when the peer closes or every sender
+    /// is dropped, and gives its place back then).
+    async fn connect(
+        &self,
+        api: &dyn GatewayApi,
+        to: &Upstream<'_>,
+    ) -> Result<SendRequest<Incoming>, UpstreamError> {
+        let place = self
+            .places
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| UpstreamError::Busy { max: self.max })?;
+        let s = connect(api, to).await?;
+        let (s, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(s))
+            .await
+            .map_err(|e| UpstreamError::Exchange(why(&e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+            drop(place);
+        });
+        Ok(s)
+    }
 }
 
 fn why(e: &hyper::Error) -> String {
@@ -140,13 +188,8 @@ fn why(e: &hyper::Error) -> String {
         .unwrap_or_else(|| e.to_string())
 }
 
-/// A new HTTP/1.1 connection to `to`, its connection task spawned on this
-/// thread's runtime (it ends when the peer closes or every sender is
-/// dropped).
-async fn connect(
-    api: &dyn GatewayApi,
-    to: &Upstream<'_>,
-) -> Result<SendRequest<Incoming>, UpstreamError> {
+/// A new TCP connection to `to`.
+async fn connect(api: &dyn GatewayApi, to: &Upstream<'_>) -> Result<TcpStream, UpstreamError> {
     let stream = match *to {
         Upstream::Sandbox { id, port } => api.connect(id, port).await?,
         Upstream::Baseline { host, port } => {
@@ -162,14 +205,5 @@ async fn connect(
             s
         }
     };
-    let (s, conn) = http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| UpstreamError::Exchange(why(&e)))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection ended");
-        }
-    });
-    Ok(s)
+    Ok(stream)
 }
