@@ -17,17 +17,14 @@
 
 use std::net::SocketAddr;
 
-use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::serve::IncomingStream;
 use http::request::Parts;
 use http::{header, HeaderValue};
 use mayfly_engine::Caller;
 use mayfly_store::constant_time_eq;
 use mayfly_types::{ErrorCode, KEY_PREFIX};
-use tokio::net::{TcpListener, UnixListener};
 
 use crate::revocable::{until_revoked, Revocable};
 use crate::{AppError, AppState};
@@ -49,21 +46,6 @@ impl Peer {
             Peer::Unix { uid: Some(uid) } => Caller::new(format!("unix:uid={uid}")),
             Peer::Unix { uid: None } => Caller::new("unix:uid=unknown"),
             Peer::Tcp { addr } => Caller::new(format!("tcp:{addr}")),
-        }
-    }
-}
-
-impl Connected<IncomingStream<'_, UnixListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        let uid = stream.io().peer_cred().ok().map(|cred| cred.uid());
-        Peer::Unix { uid }
-    }
-}
-
-impl Connected<IncomingStream<'_, TcpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
-        Peer::Tcp {
-            addr: *stream.remote_addr(),
         }
     }
 }

@@ -14,6 +14,7 @@ use mayfly_engine::SandboxApi;
 
 mod artifacts;
 mod auth;
+pub mod conn;
 mod dashboard;
 mod egress;
 mod error;

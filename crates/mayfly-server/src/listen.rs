@@ -9,9 +9,18 @@ use std::os::unix::fs::{
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
-use axum::Router;
-use tokio::net::{TcpListener, UnixListener};
+use std::time::Duration;
 
+use axum::extract::ConnectInfo;
+use axum::Router;
+use http::Request;
+use hyper::body::Incoming;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::watch;
+use tower::ServiceExt as _;
+
+use crate::conn::{self, Accept, Limits, OnStop, Slots, Timeouts};
 use crate::Peer;
 
 /// Mode of the directory holding the socket: others may traverse it.
@@ -38,8 +47,6 @@ pub enum ListenError {
     Chmod { path: PathBuf, source: io::Error },
     #[error("cannot bind the TCP address {addr}")]
     BindTcp { addr: SocketAddr, source: io::Error },
-    #[error("serving on {listener} failed")]
-    Serve { listener: String, source: io::Error },
 }
 
 /// A bound listener, ready for [`serve`].
@@ -161,14 +168,25 @@ type ServeFuture = Pin<Box<dyn Future<Output = Result<(), ListenError>> + Send>>
 #[derive(Clone)]
 pub(crate) struct Stopping(pub(crate) tokio::sync::watch::Receiver<bool>);
 
+/// The deadlines of an API connection ([`crate::conn`]): a request head
+/// within 30 s, and closed after 60 s with no request in flight.
+const API_TIMEOUTS: Timeouts = Timeouts {
+    header_read: Duration::from_secs(30),
+    idle: Duration::from_secs(60),
+};
+
 /// Serves `app` on every listener until `shutdown` completes, then stops
 /// accepting, lets in-flight requests finish, and removes the unix socket.
 ///
 /// In-flight requests include exec streams, which last as long as their
 /// command: bound the wait with a timeout around this future if needed.
 ///
-/// Each connection carries a [`Peer`], from which the authentication layer
-/// derives the caller and decides whether a token is needed.
+/// Each request carries the [`Peer`] of its connection, from which the
+/// authentication layer derives the caller and decides whether a token is
+/// needed. Connections are served by [`crate::conn`], with its deadlines
+/// and at most [`Limits::API`] at once on each listener, so that no client
+/// can hold the daemon's descriptors by opening connections and saying
+/// nothing.
 pub async fn serve(
     app: Router,
     listeners: Vec<Listener>,
@@ -197,35 +215,81 @@ fn serve_one(
     let name = l.describe();
     tracing::info!(listener = %name, "serving the API");
     let app = app.layer(axum::Extension(Stopping(stop.clone())));
-    let signal = async move {
+    // The stop signal as the connection machinery takes it: the sender
+    // dropped.
+    let (gone_tx, gone) = watch::channel(());
+    tokio::spawn(async move {
         // An error means the sender is gone, which also means stop.
         let _ = stop.wait_for(|stopped| *stopped).await;
-    };
-    let svc = app.into_make_service_with_connect_info::<Peer>();
+        drop(gone_tx);
+    });
     match l {
         Listener::Unix {
             listener,
             path,
             inode,
         } => Box::pin(async move {
-            let result = axum::serve(listener, svc)
-                .with_graceful_shutdown(signal)
-                .await;
+            serve_on(UnixApi(listener), app, gone).await;
             remove_if_ours(&path, inode);
-            result.map_err(|source| ListenError::Serve {
-                listener: name,
-                source,
-            })
+            Ok(())
         }),
         Listener::Tcp(listener) => Box::pin(async move {
-            axum::serve(listener, svc)
-                .with_graceful_shutdown(signal)
-                .await
-                .map_err(|source| ListenError::Serve {
-                    listener: name,
-                    source,
-                })
+            serve_on(TcpApi(listener), app, gone).await;
+            Ok(())
         }),
+    }
+}
+
+/// Accepts and serves until `gone`, then waits for every connection to
+/// drain.
+async fn serve_on<L, I>(listener: L, app: Router, gone: watch::Receiver<()>)
+where
+    L: Accept<Conn = (I, Peer)>,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let slots = Slots::new(Limits::API);
+    let stop = gone.clone();
+    conn::accept_loop(listener, &slots, Some(gone), |(io, peer), slot| {
+        let app = app.clone();
+        let handle = move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer.clone()));
+            let app = app.clone();
+            async move {
+                match app.oneshot(req.map(axum::body::Body::new)).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                }
+            }
+        };
+        let stop = Some((stop.clone(), OnStop::Drain));
+        conn::serve(io, slot, API_TIMEOUTS, stop, handle);
+    })
+    .await;
+    slots.all_returned().await;
+}
+
+/// The API's unix socket: each connection with its peer's uid
+/// (`SO_PEERCRED`).
+struct UnixApi(UnixListener);
+
+impl Accept for UnixApi {
+    type Conn = (UnixStream, Peer);
+    async fn accept(&self) -> io::Result<(UnixStream, Peer)> {
+        let (s, _) = self.0.accept().await?;
+        let uid = s.peer_cred().ok().map(|cred| cred.uid());
+        Ok((s, Peer::Unix { uid }))
+    }
+}
+
+/// The API's TCP listener: each connection with its peer's address.
+struct TcpApi(TcpListener);
+
+impl Accept for TcpApi {
+    type Conn = (TcpStream, Peer);
+    async fn accept(&self) -> io::Result<(TcpStream, Peer)> {
+        let (s, addr) = self.0.accept().await?;
+        let _ = s.set_nodelay(true);
+        Ok((s, Peer::Tcp { addr }))
     }
 }
 

@@ -261,3 +261,53 @@ async fn a_router_served_without_peer_info_fails_closed() {
     let a = support::send_raw(&app, support::empty_req(http::Method::GET, "/healthz")).await;
     a.api_error(401);
 }
+
+/// Reads until the peer closes, for at most `limit`; how long it took.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+    let t = std::time::Instant::now();
+    let mut sink = Vec::new();
+    match tokio::time::timeout(limit, s.read_to_end(&mut sink)).await {
+        Ok(_) => Some(t.elapsed()),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn clients_that_say_nothing_or_too_little_are_cut_and_hold_up_no_one() {
+    let t = bind_tcp("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind tcp");
+    let addr = t.tcp_addr().expect("addr");
+    let opts = ServerOptions {
+        tcp_token: Some("t".into()),
+        ..ServerOptions::default()
+    };
+    let server = start(FakeEngine::new(), opts, vec![t]);
+    // Anyone who can reach the port, token or not: one says nothing, one
+    // starts a request head and never ends it.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    // Others are served meanwhile.
+    let auth = "Authorization: Bearer t\r\n";
+    assert_eq!(tcp(addr, "GET", "/healthz", auth, "").await.0, 200);
+    // A connection's first request must begin within 30 s.
+    let (a, b) = tokio::join!(
+        closed_within(&mut silent, Duration::from_secs(45)),
+        closed_within(&mut slow, Duration::from_secs(45)),
+    );
+    let slow_took = b.expect("a request head trickled for 45 s was never cut");
+    let silent_took = a.expect("a silent connection was held for 45 s");
+    assert!(
+        slow_took >= Duration::from_secs(25),
+        "cut early: {slow_took:?}"
+    );
+    assert!(
+        silent_took >= Duration::from_secs(25),
+        "cut early: {silent_took:?}"
+    );
+    assert_eq!(tcp(addr, "GET", "/healthz", auth, "").await.0, 200);
+    server.stop().await;
+}

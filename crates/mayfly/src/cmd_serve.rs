@@ -76,11 +76,11 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
     if let Some(l) = gateway {
         tracing::info!(addr = ?l.local_addr().ok(), domain = %a.gateway_domain, "gateway ready");
         let max = a.gateway_max_connections as usize;
-        let limits = mayfly_server::gateway::conn::Limits {
+        let limits = mayfly_server::conn::Limits {
             connections: max,
             upstreams: max,
         };
-        let timeouts = mayfly_server::gateway::conn::Timeouts::default();
+        let timeouts = mayfly_server::conn::Timeouts::default();
         mayfly_server::gateway::Gateway::with_options(
             api.clone(),
             &a.gateway_domain,

@@ -14,7 +14,6 @@
 //! with it (header, cookie or query parameter), and every request it
 //! forwards carries its hop count (`X-Mayfly-Hops`), so a loop is cut.
 
-pub mod conn;
 pub mod parse;
 pub mod proxy;
 pub mod token;
@@ -31,7 +30,7 @@ use mayfly_types::ErrorCode;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use conn::{Limits, Slot, Slots, Timeouts};
+use crate::conn::{self, Limits, OnStop, Slot, Slots, Timeouts};
 use parse::{ParseError, Target};
 use proxy::{error, forward, redirect, GatewayBody};
 use token::Source;
@@ -197,7 +196,8 @@ impl Gateway {
         // it, which closes them.
         let conns = Upstreams::new(slots.upstreams(), slots.limits().upstreams);
         let timeouts = self.inner.timeouts;
-        conn::serve(stream, slot, timeouts, gone, move |req| {
+        let stop = gone.map(|g| (g, OnStop::Cut));
+        conn::serve(stream, slot, timeouts, stop, move |req| {
             let (gw, entry, conns) = (self.clone(), entry.clone(), conns.clone());
             async move { gw.handle(req, &entry, &conns).await }
         });

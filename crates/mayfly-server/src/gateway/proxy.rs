@@ -113,7 +113,7 @@ pub async fn forward(
     let upgrade = upgrade_of(req.headers());
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     // The client connection's place, for the relay to keep once upgraded.
-    let slot = req.extensions_mut().remove::<super::conn::Slot>();
+    let slot = req.extensions_mut().remove::<crate::conn::Slot>();
     strip_hop_by_hop(req.headers_mut());
     if let Some(u) = &upgrade {
         req.headers_mut()

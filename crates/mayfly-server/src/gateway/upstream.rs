@@ -71,7 +71,7 @@ pub enum UpstreamError {
     #[error("the upstream did not answer: {0}")]
     Exchange(String),
     /// The listener's client connections hold all the upstream connections
-    /// it allows ([`super::conn::Limits::upstreams`]).
+    /// it allows ([`crate::conn::Limits::upstreams`]).
     #[error("this gateway listener has {max} upstream connections open, its most; retry when some close")]
     Busy { max: usize },
 }
@@ -81,7 +81,7 @@ type Idle = (Key, SendRequest<Incoming>);
 
 /// One client connection's idle upstream connections: cheap to clone
 /// (the clones share them). Each upstream connection, idle or busy, holds
-/// one of its listener's places ([`super::conn::Slots::upstreams`]) until
+/// one of its listener's places ([`crate::conn::Slots::upstreams`]) until
 /// it closes.
 #[derive(Clone)]
 pub struct Upstreams {

@@ -74,7 +74,7 @@ pub struct ServeArgs {
     /// Client connections the host's gateway listener serves at once, and
     /// upstream connections they hold in all; past it new clients wait in
     /// the kernel's backlog. (A sandbox's own listener has 64 and 128.)
-    #[arg(long, default_value_t = mayfly_server::gateway::conn::HOST_MAX_CONNECTIONS,
+    #[arg(long, default_value_t = mayfly_server::conn::HOST_MAX_CONNECTIONS,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub gateway_max_connections: u32,
     /// Collected artifacts older than this are removed (e.g. 7d, 12h).

@@ -1,37 +1,41 @@
-//! The gateway's client connections: the accept loops (the host's listener
-//! and those inside sandboxes) and how one connection is served (HTTP/1.1
-//! or h2c, upgrades, its limits and deadlines).
+//! The daemon's HTTP client connections, for the API's listeners and the
+//! gateway's (the host's listener and those inside sandboxes): the accept
+//! loop and how one connection is served (HTTP/1.1 or h2c, upgrades, its
+//! limits and deadlines).
 //!
 //! Deadlines, so that a client cannot hold a connection (and the daemon's
 //! descriptors) forever by saying nothing, or by saying it slowly:
 //! - an HTTP/1.1 request head must arrive within
-//!   [`Timeouts::header_read`], counted from when the gateway starts
+//!   [`Timeouts::header_read`], counted from when the daemon starts
 //!   waiting for it: the first one, and each next one on a kept-alive
-//!   connection (hyper's `header_read_timeout`);
+//!   connection (hyper's `header_read_timeout`), and any connection's
+//!   first request must have begun within it (whatever the protocol, or
+//!   before one is even chosen);
 //! - a connection with no request in flight for [`Timeouts::idle`] is
 //!   closed (gracefully: HTTP/2 gets a GOAWAY). This covers what the first
 //!   does not: HTTP/2 connections, and clients that send too little to
 //!   tell which protocol they speak.
 //!
-//! A request in flight (its answer still streaming, however slowly) is
-//! never cut, and an upgraded connection (WebSocket) leaves this code once
-//! it is upgraded: neither deadline applies to it.
+//! A request in flight (its answer still streaming, however slowly: an
+//! exec's output, an event stream) is never cut, and an upgraded connection
+//! (WebSocket, a TCP forward) leaves this code once it is upgraded: neither
+//! deadline applies to it.
 //!
 //! Limits, so that a client (above all code inside a sandbox, calling the
 //! gateway's listener in its own namespace) cannot make the daemon hold
 //! descriptors without bound: each listener serves at most
 //! [`Limits::connections`] client connections at once (past that it stops
 //! accepting, and new clients wait in the kernel's backlog until one
-//! ends; an upgraded connection keeps its place until its relay ends), an
-//! HTTP/2 client may have [`MAX_STREAMS`] requests in flight on one
-//! connection, and the listener's client connections together hold at
-//! most [`Limits::upstreams`] upstream connections
-//! ([`super::upstream::Upstreams`]).
+//! ends; a gateway connection that is upgraded keeps its place until its
+//! relay ends), an HTTP/2 client may have [`MAX_STREAMS`] requests in
+//! flight on one connection, and a gateway listener's client connections
+//! together hold at most [`Limits::upstreams`] upstream connections
+//! ([`crate::gateway::upstream::Upstreams`]).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -41,6 +45,7 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
@@ -81,6 +86,12 @@ impl Limits {
         connections: 64,
         upstreams: 128,
     };
+    /// Each of the API's listeners (the unix socket, TCP); it makes no
+    /// upstream connections.
+    pub const API: Limits = Limits {
+        connections: 4096,
+        upstreams: 0,
+    };
 }
 
 /// A listener's places, as [`Limits`] sets them: cheap to clone, shared by
@@ -109,6 +120,13 @@ impl Slots {
     pub fn upstreams(&self) -> Arc<Semaphore> {
         self.upstreams.clone()
     }
+
+    /// Waits until every connection served with one of these places has
+    /// ended (and given it back).
+    pub async fn all_returned(&self) {
+        let all = u32::try_from(self.limits.connections.max(1)).unwrap_or(u32::MAX);
+        let _ = self.connections.acquire_many(all).await;
+    }
 }
 
 /// A client connection's place: held by the connection's task and, once
@@ -136,13 +154,32 @@ impl Default for Timeouts {
 /// Something that accepts connections: a listener (or, in tests, one that
 /// fails on purpose).
 pub trait Accept {
-    fn accept(&self) -> impl Future<Output = std::io::Result<TcpStream>> + Send;
+    /// An accepted connection (with whatever the listener knows of its
+    /// peer).
+    type Conn: Send + 'static;
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Conn>> + Send;
 }
 
+/// The gateway's: requests are small and answered at once, so Nagle's
+/// algorithm only adds latency.
 impl Accept for TcpListener {
+    type Conn = TcpStream;
     async fn accept(&self) -> std::io::Result<TcpStream> {
-        TcpListener::accept(self).await.map(|(s, _)| s)
+        let (s, _) = TcpListener::accept(self).await?;
+        let _ = s.set_nodelay(true);
+        Ok(s)
     }
+}
+
+/// What a connection does when its listener's stop signal comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStop {
+    /// Ends at once, requests in flight and all (a gateway listener whose
+    /// sandbox is being destroyed).
+    Cut,
+    /// Takes no new request and ends once those in flight are answered
+    /// (the API's graceful shutdown; whoever waits bounds the wait).
+    Drain,
 }
 
 /// Resolves when `gone` does (its sender dropped or sent); never without one.
@@ -165,7 +202,7 @@ pub async fn accept_loop<L: Accept>(
     listener: L,
     slots: &Slots,
     mut gone: Option<watch::Receiver<()>>,
-    mut on_conn: impl FnMut(TcpStream, Slot),
+    mut on_conn: impl FnMut(L::Conn, Slot),
 ) {
     let mut pause = BACKOFF.0;
     loop {
@@ -212,6 +249,8 @@ struct Activity(Arc<ActivityState>);
 
 struct ActivityState {
     in_flight: AtomicUsize,
+    /// Whether any request has begun.
+    begun: AtomicBool,
     /// When the last request ended, in ms after `since`.
     last_end_ms: AtomicU64,
     since: Instant,
@@ -237,6 +276,7 @@ impl Activity {
     fn new() -> Activity {
         Activity(Arc::new(ActivityState {
             in_flight: AtomicUsize::new(0),
+            begun: AtomicBool::new(false),
             last_end_ms: AtomicU64::new(0),
             since: Instant::now(),
         }))
@@ -244,15 +284,24 @@ impl Activity {
 
     fn start(&self) -> InFlight {
         self.0.in_flight.fetch_add(1, Ordering::Acquire);
+        if !self.0.begun.load(Ordering::Relaxed) {
+            self.0.begun.store(true, Ordering::Relaxed);
+        }
         InFlight(self.clone())
     }
 
-    /// Resolves once no request has been in flight for `limit` (looked at
-    /// every `limit` at most, and exactly when the last request ended
-    /// `limit` ago).
-    async fn idle_for(&self, limit: Duration) {
+    /// Resolves once no request has begun within `first` of the
+    /// connection's start (a client that never says which protocol it
+    /// speaks, or never finishes its first head), or once no request has
+    /// been in flight for `limit` (looked at every `limit` at most, and
+    /// exactly when the last request ended `limit` ago).
+    async fn idle_for(&self, first: Duration, limit: Duration) {
         let a = &self.0;
-        let mut wait = limit;
+        tokio::time::sleep(first.min(limit)).await;
+        if !a.begun.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut wait = limit.saturating_sub(first);
         loop {
             tokio::time::sleep(wait).await;
             if a.in_flight.load(Ordering::Acquire) > 0 {
@@ -298,22 +347,27 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 
 /// Serves one client connection on this thread's runtime, each request
 /// answered by `handle`, until the client goes, the connection idles out,
-/// or `gone` resolves (the listener's sandbox is being destroyed). The
+/// or `stop` resolves (the listener's sandbox is being destroyed, the
+/// daemon is shutting down), which ends it as its [`OnStop`] says. The
 /// connection holds `slot` until then; a request that asks for an upgrade
-/// carries a clone of it in its extensions, for the relay to hold.
-pub fn serve<F, Fut, B>(
-    stream: TcpStream,
+/// carries a clone of it in its extensions, for a relay to hold.
+pub fn serve<I, F, Fut, B>(
+    stream: I,
     slot: Slot,
     timeouts: Timeouts,
-    mut gone: Option<watch::Receiver<()>>,
+    stop: Option<(watch::Receiver<()>, OnStop)>,
     handle: F,
 ) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<B>> + Send + 'static,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let _ = stream.set_nodelay(true);
+    let (mut gone, on_stop) = match stop {
+        Some((rx, how)) => (Some(rx), how),
+        None => (None, OnStop::Cut),
+    };
     tokio::spawn(async move {
         let mut b = auto::Builder::new(TokioExecutor::new());
         b.http1()
@@ -345,8 +399,15 @@ pub fn serve<F, Fut, B>(
         tokio::pin!(conn);
         tokio::select! {
             _ = conn.as_mut() => return,
-            _ = until_gone(&mut gone) => return,
-            _ = activity.idle_for(timeouts.idle) => {}
+            _ = until_gone(&mut gone) => {
+                if on_stop == OnStop::Cut {
+                    return;
+                }
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+                return;
+            }
+            _ = activity.idle_for(timeouts.header_read, timeouts.idle) => {}
         }
         conn.as_mut().graceful_shutdown();
         let _ = tokio::time::timeout(GRACE, conn).await;
@@ -355,225 +416,4 @@ pub fn serve<F, Fut, B>(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Instant;
-
-    use http_body_util::{Full, StreamBody};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-    use super::*;
-
-    const SHORT: Timeouts = Timeouts {
-        header_read: Duration::from_millis(400),
-        idle: Duration::from_millis(600),
-    };
-
-    type TestBody = http_body_util::Either<
-        Full<Bytes>,
-        StreamBody<tokio_stream::wrappers::ReceiverStream<Result<Frame<Bytes>, Infallible>>>,
-    >;
-
-    /// A gateway-like server with [`SHORT`] deadlines: `/slow` streams four
-    /// chunks 500 ms apart (longer, in all, than either deadline); anything
-    /// else is `ok`.
-    async fn server() -> u16 {
-        server_with(SHORT, Limits::HOST).await
-    }
-
-    async fn server_with(timeouts: Timeouts, limits: Limits) -> u16 {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        let slots = Slots::new(limits);
-        tokio::spawn(async move {
-            accept_loop(l, &slots, None, |s, slot| {
-                serve(s, slot, timeouts, None, handler)
-            })
-            .await
-        });
-        port
-    }
-
-    async fn handler(req: Request<Incoming>) -> Response<TestBody> {
-        if req.uri().path() != "/slow" {
-            return Response::new(TestBody::Left(Full::new(Bytes::from("ok"))));
-        }
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            for i in 0..4 {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let chunk = Frame::data(Bytes::from(format!("chunk{i};")));
-                let _ = tx.send(Ok(chunk)).await;
-            }
-        });
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        Response::new(TestBody::Right(StreamBody::new(stream)))
-    }
-
-    /// Reads until the peer closes; how long that took, and what came.
-    async fn until_closed(s: &mut TcpStream) -> (Duration, String) {
-        let t = Instant::now();
-        let mut out = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out));
-        let _ = read.await.expect("the gateway never closed the connection");
-        (t.elapsed(), String::from_utf8_lossy(&out).into_owned())
-    }
-
-    #[tokio::test]
-    async fn a_client_that_sends_its_head_too_slowly_is_cut_off() {
-        let port = server().await;
-        let t = Instant::now();
-        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
-        // Trickles a header byte by byte, never ending the head.
-        let trickle = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if s.write_all(b"X").await.is_err() {
-                    return;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(3), trickle).await;
-        let (_, out) = until_closed(&mut s).await;
-        assert!(!out.contains(" 200 "), "{out}");
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "held {:?}",
-            t.elapsed()
-        );
-    }
-
-    #[tokio::test]
-    async fn a_client_that_sends_nothing_or_idles_after_a_request_is_closed() {
-        let port = server().await;
-        let mut silent = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let (took, _) = until_closed(&mut silent).await;
-        assert!(took < Duration::from_secs(3), "closed after {took:?}");
-
-        let mut kept = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let (took, out) = until_closed(&mut kept).await;
-        assert!(
-            out.starts_with("HTTP/1.1 200") && out.ends_with("ok"),
-            "{out}"
-        );
-        assert!(took < Duration::from_secs(3), "closed after {took:?}");
-    }
-
-    #[tokio::test]
-    async fn an_answer_streaming_longer_than_the_deadlines_is_not_cut() {
-        let port = server().await;
-        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        s.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let (took, out) = until_closed(&mut s).await;
-        assert!(out.contains("chunk3;"), "cut after {took:?}: {out}");
-    }
-
-    /// Sends one kept-alive request and reads its whole answer ("ok").
-    async fn ask(s: &mut TcpStream) -> String {
-        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        let mut buf = [0u8; 512];
-        while !out.ends_with(b"ok") {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed after {}", String::from_utf8_lossy(&out));
-            out.extend_from_slice(&buf[..n]);
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-
-    #[tokio::test]
-    async fn past_its_connection_limit_a_listener_serves_the_next_client_only_when_one_ends() {
-        let long = Timeouts {
-            header_read: Duration::from_secs(30),
-            idle: Duration::from_secs(30),
-        };
-        let port = server_with(
-            long,
-            Limits {
-                connections: 2,
-                upstreams: 2,
-            },
-        )
-        .await;
-        let mut first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let mut second = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
-        assert!(ask(&mut second).await.starts_with("HTTP/1.1 200"));
-        // The third is connected (the kernel's backlog) but not served.
-        let mut third = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let waiting = tokio::time::timeout(Duration::from_millis(500), ask(&mut third)).await;
-        assert!(waiting.is_err(), "served past the limit: {waiting:?}");
-        // Its request is answered as soon as a place frees.
-        drop(first);
-        let served = tokio::time::timeout(Duration::from_secs(5), async {
-            let mut out = Vec::new();
-            let mut buf = [0u8; 512];
-            while !out.ends_with(b"ok") {
-                let n = third.read(&mut buf).await.unwrap();
-                assert!(n > 0);
-                out.extend_from_slice(&buf[..n]);
-            }
-            String::from_utf8_lossy(&out).into_owned()
-        })
-        .await
-        .expect("the waiting client was served once a connection ended");
-        assert!(served.starts_with("HTTP/1.1 200"), "{served}");
-        // The other connection was served throughout.
-        assert!(ask(&mut second).await.starts_with("HTTP/1.1 200"));
-    }
-
-    /// Fails its first accepts as a listener out of descriptors does.
-    struct Failing {
-        fails: AtomicUsize,
-        inner: TcpListener,
-    }
-
-    impl Accept for Failing {
-        async fn accept(&self) -> std::io::Result<TcpStream> {
-            if self.fails.load(Ordering::SeqCst) > 0 {
-                self.fails.fetch_sub(1, Ordering::SeqCst);
-                // EMFILE: out of descriptors.
-                return Err(std::io::Error::from_raw_os_error(24));
-            }
-            self.inner.accept().await.map(|(s, _)| s)
-        }
-    }
-
-    #[tokio::test]
-    async fn failed_accepts_are_retried_until_the_listener_is_gone() {
-        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = inner.local_addr().unwrap().port();
-        let l = Failing {
-            fails: AtomicUsize::new(3),
-            inner,
-        };
-        let (tx, rx) = watch::channel(());
-        let (conns_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
-        let lp = tokio::spawn(async move {
-            let slots = Slots::new(Limits::HOST);
-            accept_loop(l, &slots, Some(rx), move |s, _| {
-                let _ = conns_tx.send(s);
-            })
-            .await
-        });
-        let _c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(5), conns.recv()).await;
-        assert!(
-            matches!(got, Ok(Some(_))),
-            "the loop stopped accepting after failures"
-        );
-        drop(tx);
-        tokio::time::timeout(Duration::from_secs(5), lp)
-            .await
-            .expect("the loop ends when its listener's sandbox goes")
-            .unwrap();
-    }
-}
+mod tests;
