@@ -3,8 +3,9 @@
 //! token never reaches an upstream however it is sent (a redirect takes it
 //! out of the browser's URL; every Cookie header is stripped), only a
 //! verified token becomes a cookie, refused requests do not keep a
-//! sandbox alive, and a sandbox that floods its own gateway listener with
-//! connections makes the daemon hold only a bounded number of descriptors.
+//! sandbox alive, a sandbox that floods its own gateway listener with
+//! connections makes the daemon hold only a bounded number of descriptors,
+//! and request bodies (under the stall guard) reach the upstream whole.
 
 mod common;
 #[path = "gateway/support.rs"]
@@ -426,4 +427,36 @@ async fn a_sandbox_s_calls_hold_at_most_128_upstream_connections() {
     assert_eq!(out, "[(200, 128), (503, 64)]\n");
     let url = format!("http://127.0.0.1:{}/", bases[0].port);
     assert_eq!(curl(&url, &[]).0, 200, "the baseline itself is fine");
+}
+
+#[tokio::test]
+async fn request_bodies_stream_upstream_whole_sized_or_chunked() {
+    let (d, gw) = daemon().await;
+    let id = sandbox_serving(&d, "inside", 8000, None).await;
+    d.client.expose(&id, 8000, true).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("body");
+    // 8 MiB of varied bytes.
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &data).unwrap();
+    let want = {
+        use sha2::Digest as _;
+        let hex: String = sha2::Sha256::digest(&data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{} {hex}", data.len())
+    };
+    let url = format!("http://8000-{id}.localhost:{gw}/upload");
+    let at = format!("@{}", file.display());
+    // With a length, then chunked (curl streams a file of unknown size).
+    let chunked = ["-H", "Transfer-Encoding: chunked"];
+    for extra in [&[][..], &chunked[..]] {
+        let mut args = vec!["-X", "POST", "--data-binary", &at];
+        args.extend_from_slice(extra);
+        let (s, b) = curl(&url, &args);
+        assert_eq!((s, b.as_str()), (200, want.as_str()), "{extra:?}");
+    }
 }

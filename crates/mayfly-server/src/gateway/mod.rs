@@ -14,6 +14,7 @@
 //! with it (header, cookie or query parameter), and every request it
 //! forwards carries its hop count (`X-Mayfly-Hops`), so a loop is cut.
 
+pub mod body;
 pub mod parse;
 pub mod proxy;
 pub mod token;

@@ -122,6 +122,7 @@ pub async fn forward(
     }
     *req.uri_mut() = Uri::from(target);
     *req.version_mut() = Version::HTTP_11;
+    let req = req.map(|b| super::body::Guarded::new(b, super::body::BODY_IDLE));
     let mut resp = match conns.send(api, to, req, upgrade.is_none()).await {
         Ok(r) => r,
         Err(UpstreamError::Engine(e)) => return super::engine_error(e),

@@ -76,8 +76,11 @@ pub enum UpstreamError {
     Busy { max: usize },
 }
 
+/// What a request carries upstream: the client's body, which may not stall.
+pub type UpstreamBody = super::body::Guarded<Incoming>;
+
 /// An idle upstream connection and where it goes.
-type Idle = (Key, SendRequest<Incoming>);
+type Idle = (Key, SendRequest<UpstreamBody>);
 
 /// One client connection's idle upstream connections: cheap to clone
 /// (the clones share them). Each upstream connection, idle or busy, holds
@@ -104,7 +107,7 @@ impl Upstreams {
 
     /// An idle connection to `to` that can take a request now; closed ones
     /// met on the way are dropped.
-    fn take(&self, to: &Upstream<'_>) -> Option<SendRequest<Incoming>> {
+    fn take(&self, to: &Upstream<'_>) -> Option<SendRequest<UpstreamBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.retain(|(_, s)| !s.is_closed());
         let i = idle.iter().position(|(k, s)| to.is(k) && s.is_ready())?;
@@ -113,7 +116,7 @@ impl Upstreams {
 
     /// Keeps `s` for the next request to `to`. It may still be carrying the
     /// previous response's body; [`Upstreams::take`] skips it until done.
-    fn put(&self, to: &Upstream<'_>, s: SendRequest<Incoming>) {
+    fn put(&self, to: &Upstream<'_>, s: SendRequest<UpstreamBody>) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push((to.key(), s));
@@ -129,7 +132,7 @@ impl Upstreams {
         &self,
         api: &dyn GatewayApi,
         to: Upstream<'_>,
-        req: Request<Incoming>,
+        req: Request<UpstreamBody>,
         keep: bool,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let (mut s, fresh) = match self.take(&to) {
@@ -161,7 +164,7 @@ impl Upstreams {
         &self,
         api: &dyn GatewayApi,
         to: &Upstream<'_>,
-    ) -> Result<SendRequest<Incoming>, UpstreamError> {
+    ) -> Result<SendRequest<UpstreamBody>, UpstreamError> {
         let place = self
             .places
             .clone()

@@ -66,6 +66,30 @@ class Handler(BaseHTTPRequestHandler):
             conn.request("GET", "/", headers=headers)
             answer = conn.getresponse().read().decode()
             self.send_text(f"{NAME}>{answer}")
+        elif path == "/upload":
+            # The body, chunked or not: its length and SHA-256.
+            h = hashlib.sha256()
+            n = 0
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0], 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        break
+                    data = self.rfile.read(size)
+                    self.rfile.readline()
+                    h.update(data)
+                    n += len(data)
+            else:
+                left = int(self.headers.get("Content-Length", "0"))
+                while left > 0:
+                    data = self.rfile.read(min(left, 65536))
+                    if not data:
+                        break
+                    h.update(data)
+                    n += len(data)
+                    left -= len(data)
+            self.send_text(f"{n} {h.hexdigest()}")
         elif path == "/headers":
             line = f"{self.command} {self.path}\n"
             self.send_text(line + "".join(f"{k.lower()}: {v}\n" for k, v in self.headers.items()))
