@@ -236,3 +236,50 @@ async fn a_ttl_destroy_runs_its_slow_before_remove_hook_whole() {
     assert_eq!(end.reason.as_deref(), Some("ttl"), "{end:?}");
     assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
 }
+
+/// Sends `body` to `path` on the daemon's socket and hangs up after `after`,
+/// before any answer.
+async fn hang_up(socket: &std::path::Path, path: &str, body: &str, after: std::time::Duration) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Accept: text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    tokio::time::sleep(after).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_client_hangs_up_midway_is_destroyed_not_stranded() {
+    let d = Daemon::start().await;
+    // Both ways in, each abandoned in the middle of a 1 s after_create hook.
+    let sandbox = r#"{"hooks":{"after_create":[{"command":["sleep","1"]}]}}"#;
+    let run = format!(r#"{{"sandbox":{sandbox},"exec":{{"argv":["true"]}}}}"#);
+    let gap = std::time::Duration::from_millis(400);
+    hang_up(&d.socket, "/v1/sandboxes", sandbox, gap).await;
+    hang_up(&d.socket, "/v1/run", &run, gap).await;
+    // The creates finish, find their callers gone, and destroy what they made.
+    let t = std::time::Instant::now();
+    let all = loop {
+        let all = d.client.list(true).await.unwrap();
+        if all.len() == 2 && all.iter().all(|s| s.state.is_terminal()) {
+            break all;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "the abandoned creates' sandboxes, 20 s on: {all:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for s in &all {
+        assert_eq!(s.reason.as_deref(), Some("abandoned"), "{s:#?}");
+    }
+    assert!(d.client.list(false).await.unwrap().is_empty());
+    let ids: Vec<String> = all.iter().map(|s| s.id.to_string()).collect();
+    assert_no_leaks(&d.state_dir, &ids);
+    // The uid slots and the daemon's places came back: creates still work.
+    let sb = d.create().await;
+    d.client.destroy(&sb.id).await.unwrap();
+}

@@ -391,3 +391,29 @@ async fn stats_group_iterations_and_execs_by_task_label() {
     let out = d.run_cli(&["stats", "--window", "nonsense"]);
     assert_ne!(out.status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn polling_a_sandbox_s_usage_does_not_keep_it_from_idling_out() {
+    let d = Daemon::start().await;
+    let sb = d
+        .create_with(&CreateRequest {
+            idle_timeout_secs: Some(2),
+            ..CreateRequest::default()
+        })
+        .await;
+    let t = std::time::Instant::now();
+    let info = loop {
+        // A dashboard's poll; once the sandbox is gone, 404 or 409.
+        let _ = d.client.usage(&sb.id).await;
+        let info = d.client.get(&sb.id).await.unwrap();
+        if info.state.is_terminal() {
+            break info;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "usage polls kept the sandbox alive: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(info.reason.as_deref(), Some("idle"), "{info:?}");
+}

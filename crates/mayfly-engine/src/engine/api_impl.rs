@@ -130,7 +130,23 @@ impl SandboxApi for Engine {
         req: CreateRequest,
         caller: &Caller,
     ) -> Result<SandboxInfo, EngineError> {
-        self.create_sandbox(req, caller).await
+        // The create runs in a task of its own: a caller that goes away
+        // mid-create (a client hanging up, dropping this future at an
+        // await) cannot cut a boot or a claim short and strand its record,
+        // uid slot, cgroups, directory or pool sandbox. A sandbox made for
+        // a caller gone by then is destroyed (`abandoned`), not left to its
+        // TTL.
+        let (engine, caller) = (self.clone(), caller.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let made = engine.create_sandbox(req, &caller).await;
+            if let Err(Ok(info)) = tx.send(made) {
+                tracing::debug!(id = %info.id, "its caller left before the create answered");
+                engine.destroy_abandoned(&info.id);
+            }
+        });
+        rx.await
+            .map_err(|_| EngineError::Internal("a create task failed".into()))?
     }
 
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError> {
@@ -447,7 +463,7 @@ impl SandboxApi for Engine {
     }
 
     async fn usage(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError> {
-        self.live_ready(id)?;
+        self.live_ready_as(id, false)?;
         self.usage_of(id).await
     }
 
@@ -473,7 +489,18 @@ impl SandboxApi for Engine {
 impl Engine {
     /// A live sandbox that can run commands (not stopping).
     fn live_ready(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
-        match self.lookup(id) {
+        self.live_ready_as(id, true)
+    }
+
+    /// [`Engine::live_ready`]; `touch` false for a request that only looks
+    /// (usage), which is not activity and keeps no sandbox from idling out.
+    fn live_ready_as(&self, id: &SandboxId, touch: bool) -> Result<Arc<Sandbox>, EngineError> {
+        let found = if touch {
+            self.lookup(id)
+        } else {
+            self.lookup_claimed(id)
+        };
+        match found {
             Ok(sb) if !sb.is_stopping() => Ok(sb),
             Ok(_) => Err(EngineError::NotReady {
                 id: id.clone(),

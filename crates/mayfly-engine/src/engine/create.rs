@@ -355,18 +355,19 @@ impl Engine {
         // is handed out or pooled; a failure has destroyed it.
         self.start_lifecycle(&sb, caller).await?;
         let create_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        inner.store.mark_ready(
-            &id,
-            pid as u32,
-            create_ms,
-            &serde_json::json!({
-                "create_ms": create_ms,
-                "caller": caller.name,
-                "template": template.to_string(),
-                "source": "cold",
-                "pool": pool,
-            }),
-        )?;
+        let detail = serde_json::json!({
+            "create_ms": create_ms,
+            "caller": caller.name,
+            "template": template.to_string(),
+            "source": "cold",
+            "pool": pool,
+        });
+        if let Err(e) = inner.store.mark_ready(&id, pid as u32, create_ms, &detail) {
+            // Live but never recorded ready: no pool would take it in and
+            // no caller would get it, so it goes now, not at its TTL.
+            self.destroy_in_background(sb, super::lifecycle::CREATE_FAILED);
+            return Err(e.into());
+        }
         tracing::debug!(%id, stub = ?t_stub, planned = ?t_plan, up = ?t_up, done = ?t0.elapsed(), "create timings");
         self.refill_stubs();
         self.info(&id)

@@ -154,6 +154,14 @@ impl Engine {
         self.info(&sb.id)
     }
 
+    /// Destroys the sandbox a create made for a caller that has gone
+    /// (reason `abandoned`), without waiting.
+    pub(crate) fn destroy_abandoned(&self, id: &SandboxId) {
+        if let Some(sb) = self.lookup_any(id) {
+            self.destroy_in_background(sb, "abandoned");
+        }
+    }
+
     /// Remembers a background cleanup so [`Engine::wait_cleanup`] can await it.
     pub(crate) fn track_cleanup(&self, task: tokio::task::JoinHandle<()>) {
         let mut pending = self

@@ -22,6 +22,10 @@ use crate::EngineError;
 
 /// Total bytes of argv and env one command may carry.
 const MAX_COMMAND_BYTES: usize = 128 * 1024;
+/// Bytes of a command's argv, and of its error, that the audit trail keeps
+/// (a command may be 128 KiB, and a sandbox may run thousands): the rest is
+/// counted, not stored.
+const AUDIT_TEXT_BYTES: usize = 4096;
 /// How long output may keep flowing after the command has exited (a process
 /// that escaped its session can hold the pipe; we stop waiting for it).
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
@@ -356,7 +360,7 @@ impl Engine {
         let mut a = ExecAudit::begin(
             sb.id.to_string(),
             now_ms(),
-            argv.to_vec(),
+            audit_argv(argv),
             caller.name.clone(),
             None,
         );
@@ -369,12 +373,64 @@ impl Engine {
                 a.stdout_bytes = r.stdout_bytes;
                 a.stderr_bytes = r.stderr_bytes;
             }
-            Err(e) => a.error = Some(e.to_string()),
+            Err(e) => a.error = Some(audit_text(e.to_string())),
         }
         if let Err(e) = self.inner.store.record_exec(&a) {
             tracing::warn!(id = %sb.id, error = %e, "recording an exec in the audit trail failed");
         }
     }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a
+/// character boundary.
+fn prefix(s: &str, max: usize) -> &str {
+    let mut cut = max.min(s.len());
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+/// `argv` as the audit trail records it: whole when its elements total at
+/// most [`AUDIT_TEXT_BYTES`]; else the elements that fit (the last one cut
+/// short) and a last element saying how many bytes were left out.
+pub(crate) fn audit_argv(argv: &[String]) -> Vec<String> {
+    let total: usize = argv.iter().map(String::len).sum();
+    if total <= AUDIT_TEXT_BYTES {
+        return argv.to_vec();
+    }
+    let mut room = AUDIT_TEXT_BYTES;
+    let mut out = Vec::new();
+    for a in argv {
+        if room == 0 {
+            break;
+        }
+        let kept = prefix(a, room);
+        room -= kept.len();
+        out.push(kept.to_owned());
+        if kept.len() < a.len() {
+            break;
+        }
+    }
+    let kept: usize = out.iter().map(String::len).sum();
+    out.push(format!(
+        "[mayfly: {} more bytes of argv not recorded]",
+        total - kept
+    ));
+    out
+}
+
+/// An error message as the audit trail records it: at most
+/// [`AUDIT_TEXT_BYTES`], marked when cut.
+fn audit_text(s: String) -> String {
+    if s.len() <= AUDIT_TEXT_BYTES {
+        return s;
+    }
+    format!(
+        "{} [mayfly: cut from {} bytes]",
+        prefix(&s, AUDIT_TEXT_BYTES),
+        s.len()
+    )
 }
 
 async fn read_stream(
@@ -426,3 +482,7 @@ async fn read_stream(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "exec_tests.rs"]
+mod tests;

@@ -184,7 +184,10 @@ impl Engine {
             };
             // A sandbox that died while it waited is gone from the map or
             // stopping; its destroy is under way, and the next one is tried.
-            let Some(sb) = self.lookup_any(&id).filter(|sb| !sb.is_stopping()) else {
+            let Some(sb) = self
+                .lookup_any(&id)
+                .filter(|sb| !sb.is_stopping() && !sb.is_destroying())
+            else {
                 continue;
             };
             // The tenant's quotas hold for a claim as for a cold create (the

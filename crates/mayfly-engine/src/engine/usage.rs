@@ -11,10 +11,22 @@ use crate::EngineError;
 
 impl Engine {
     pub(crate) async fn usage_of(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError> {
-        let sb = self.lookup(id)?;
+        // Looking is not using: a dashboard polling usage must not keep a
+        // sandbox from its idle timeout.
+        let sb = self.lookup_claimed(id)?;
         let limits = self.info(id)?.limits;
-        let cg = mayfly_sys::cgroup::read_usage(&sb.cgroup)
-            .map_err(|e| EngineError::Internal(format!("reading the usage of {id}: {e}")))?;
+        let cg = mayfly_sys::cgroup::read_usage(&sb.cgroup).map_err(|e| {
+            // A destroy that began meanwhile removes the cgroups: a 409,
+            // as for any request to a stopping sandbox.
+            if sb.is_stopping() || sb.is_destroying() {
+                EngineError::NotReady {
+                    id: id.clone(),
+                    state: mayfly_types::SandboxState::Stopping,
+                }
+            } else {
+                EngineError::Internal(format!("reading the usage of {id}: {e}"))
+            }
+        })?;
         let dir = sb.dir.clone();
         let disk = tokio::task::spawn_blocking(move || uppers_usage(&dir, &WalkLimits::default()))
             .await
