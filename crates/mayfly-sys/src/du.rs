@@ -87,6 +87,11 @@ struct Level {
 /// Adds up the disk used by the tree at `root` (which must be a directory,
 /// not a symlink to one), within `limits`.
 pub fn disk_usage(root: &Path, limits: &WalkLimits) -> Result<DiskUsage, DuError> {
+    walk_tree(root, limits).map(|w| w.usage)
+}
+
+/// [`disk_usage`], with the walk's own counters.
+fn walk_tree(root: &Path, limits: &WalkLimits) -> Result<Walk, DuError> {
     let deadline = Instant::now() + limits.max_time;
     let fd =
         nix::fcntl::open(root, dir_flags(), Mode::empty()).map_err(|source| DuError::OpenRoot {
@@ -103,6 +108,8 @@ pub fn disk_usage(root: &Path, limits: &WalkLimits) -> Result<DiskUsage, DuError
         deadline,
         usage: DiskUsage::default(),
         linked: HashSet::new(),
+        pending: 0,
+        peak_pending: 0,
     };
     walk.count(&st);
     let mut dir = Dir::from_fd(fd).map_err(|source| DuError::ListRoot {
@@ -123,6 +130,7 @@ pub fn disk_usage(root: &Path, limits: &WalkLimits) -> Result<DiskUsage, DuError
             stack.pop();
             continue;
         };
+        walk.pending -= 1;
         if walk.out_of_bounds() {
             walk.usage.truncated = true;
             break;
@@ -132,7 +140,7 @@ pub fn disk_usage(root: &Path, limits: &WalkLimits) -> Result<DiskUsage, DuError
             stack.push(child);
         }
     }
-    Ok(walk.usage)
+    Ok(walk)
 }
 
 /// Flags for opening a directory to walk: never through a symlink, and
@@ -149,6 +157,12 @@ struct Walk {
     usage: DiskUsage,
     /// Inodes with more than one link already counted.
     linked: HashSet<(u64, u64)>,
+    /// Names listed and not yet visited, on every level of the stack: they
+    /// count against the entry budget too, or a chain of wide directories
+    /// would hold `max_depth` times `max_entries` names in memory.
+    pending: u64,
+    /// The most `pending` ever was.
+    peak_pending: u64,
 }
 
 impl Walk {
@@ -169,9 +183,14 @@ impl Walk {
     }
 
     /// The names in `dir`, at most as many as the entry budget has left
-    /// (one more, to know it was cut).
+    /// once the names already waiting are counted (one more, to know it was
+    /// cut), and no more once the walk's time is up.
     fn list(&mut self, dir: &mut Dir) -> Result<Vec<OsString>, Errno> {
-        let room = self.limits.max_entries.saturating_sub(self.usage.entries) + 1;
+        let room = self
+            .limits
+            .max_entries
+            .saturating_sub(self.usage.entries.saturating_add(self.pending))
+            + 1;
         let mut names = Vec::new();
         for entry in dir.iter() {
             let entry = entry?;
@@ -179,12 +198,16 @@ impl Walk {
             if name == b"." || name == b".." {
                 continue;
             }
-            if names.len() as u64 >= room {
+            if names.len() as u64 >= room
+                || (names.len() & 0xff == 0xff && Instant::now() >= self.deadline)
+            {
                 self.usage.truncated = true;
                 break;
             }
             names.push(std::ffi::OsStr::from_bytes(name).to_owned());
         }
+        self.pending += names.len() as u64;
+        self.peak_pending = self.peak_pending.max(self.pending);
         Ok(names)
     }
 

@@ -9,6 +9,9 @@ use mayfly_types::{DiskUsage, SandboxId, SandboxUsage};
 use super::{now_ms, Engine};
 use crate::EngineError;
 
+/// Disk walks that run at once, daemon-wide.
+static WALKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 impl Engine {
     pub(crate) async fn usage_of(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError> {
         // Looking is not using: a dashboard polling usage must not keep a
@@ -28,6 +31,9 @@ impl Engine {
             }
         })?;
         let dir = sb.dir.clone();
+        // A walk may take its whole second and its entry budget's memory:
+        // many usage requests at once wait their turn, not a thread each.
+        let _turn = WALKS.acquire().await;
         let disk = tokio::task::spawn_blocking(move || uppers_usage(&dir, &WalkLimits::default()))
             .await
             .map_err(|e| EngineError::Internal(format!("measuring the disk of {id}: {e}")))?;

@@ -138,3 +138,40 @@ fn a_walk_past_its_time_is_cut_and_says_so() {
     assert!(u.truncated);
     assert!(u.entries < 601, "{u:?}");
 }
+
+#[test]
+fn names_waiting_on_every_level_count_against_the_entry_bound() {
+    // Four levels, each directory two subdirectories and 600 files: a walk
+    // that sized each listing only by what it had counted would hold about
+    // a listing per level at once.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut level = vec![tmp.path().to_path_buf()];
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        for dir in &level {
+            for f in 0..600 {
+                std::fs::write(dir.join(format!("f{f}")), b"").unwrap();
+            }
+            for d in 0..2 {
+                let sub = dir.join(format!("d{d}"));
+                std::fs::create_dir(&sub).unwrap();
+                next.push(sub);
+            }
+        }
+        level = next;
+    }
+    let limits = WalkLimits {
+        max_entries: 1000,
+        max_depth: 128,
+        max_time: Duration::from_secs(10),
+    };
+    let w = walk_tree(tmp.path(), &limits).unwrap();
+    assert!(w.usage.truncated);
+    // At most the budget, plus the one extra name per listing that says a
+    // listing was cut.
+    assert!(
+        w.peak_pending <= limits.max_entries + 5,
+        "{} names waited at once",
+        w.peak_pending
+    );
+}
