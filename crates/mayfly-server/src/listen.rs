@@ -9,8 +9,6 @@ use std::os::unix::fs::{
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
-use std::time::Duration;
-
 use axum::extract::ConnectInfo;
 use axum::Router;
 use http::Request;
@@ -168,13 +166,6 @@ type ServeFuture = Pin<Box<dyn Future<Output = Result<(), ListenError>> + Send>>
 #[derive(Clone)]
 pub(crate) struct Stopping(pub(crate) tokio::sync::watch::Receiver<bool>);
 
-/// The deadlines of an API connection ([`crate::conn`]): a request head
-/// within 30 s, and closed after 60 s with no request in flight.
-const API_TIMEOUTS: Timeouts = Timeouts {
-    header_read: Duration::from_secs(30),
-    idle: Duration::from_secs(60),
-};
-
 /// Serves `app` on every listener until `shutdown` completes, then stops
 /// accepting, lets in-flight requests finish, and removes the unix socket.
 ///
@@ -262,7 +253,8 @@ where
             }
         };
         let stop = Some((stop.clone(), OnStop::Drain));
-        conn::serve(io, slot, API_TIMEOUTS, stop, handle);
+        // The deadlines the gateway's connections have too.
+        conn::serve(io, slot, Timeouts::default(), stop, handle);
     })
     .await;
     slots.all_returned().await;

@@ -463,8 +463,8 @@ impl SandboxApi for Engine {
     }
 
     async fn usage(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError> {
-        self.live_ready_as(id, false)?;
-        self.usage_of(id).await
+        let sb = self.live_ready_untouched(id)?;
+        self.usage_of(&sb).await
     }
 
     async fn stats(
@@ -487,19 +487,18 @@ impl SandboxApi for Engine {
 }
 
 impl Engine {
-    /// A live sandbox that can run commands (not stopping).
+    /// A live sandbox that can run commands (not stopping); the request
+    /// counts as activity.
     fn live_ready(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
-        self.live_ready_as(id, true)
+        let sb = self.live_ready_untouched(id)?;
+        sb.touch();
+        Ok(sb)
     }
 
-    /// [`Engine::live_ready`]; `touch` false for a request that only looks
-    /// (usage), which is not activity and keeps no sandbox from idling out.
-    fn live_ready_as(&self, id: &SandboxId, touch: bool) -> Result<Arc<Sandbox>, EngineError> {
-        let found = if touch {
-            self.lookup(id)
-        } else {
-            self.lookup_claimed(id)
-        };
+    /// [`Engine::live_ready`] for a request that only looks (usage), which
+    /// is not activity and keeps no sandbox from idling out.
+    fn live_ready_untouched(&self, id: &SandboxId) -> Result<Arc<Sandbox>, EngineError> {
+        let found = self.lookup_claimed(id);
         match found {
             Ok(sb) if !sb.is_stopping() => Ok(sb),
             Ok(_) => Err(EngineError::NotReady {

@@ -2,10 +2,12 @@
 //! pids, OOM kills) and its upper layers on disk.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mayfly_sys::du::{disk_usage, WalkLimits};
-use mayfly_types::{DiskUsage, SandboxId, SandboxUsage};
+use mayfly_types::{DiskUsage, SandboxUsage};
 
+use super::sandbox::Sandbox;
 use super::{now_ms, Engine};
 use crate::EngineError;
 
@@ -13,10 +15,11 @@ use crate::EngineError;
 static WALKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 impl Engine {
-    pub(crate) async fn usage_of(&self, id: &SandboxId) -> Result<SandboxUsage, EngineError> {
-        // Looking is not using: a dashboard polling usage must not keep a
-        // sandbox from its idle timeout.
-        let sb = self.lookup_claimed(id)?;
+    /// What `sb` uses now. Looking is not using: the caller finds `sb`
+    /// without touching it, so a dashboard polling usage does not keep a
+    /// sandbox from its idle timeout.
+    pub(crate) async fn usage_of(&self, sb: &Arc<Sandbox>) -> Result<SandboxUsage, EngineError> {
+        let id = &sb.id;
         let limits = self.info(id)?.limits;
         let cg = mayfly_sys::cgroup::read_usage(&sb.cgroup).map_err(|e| {
             // A destroy that began meanwhile removes the cgroups: a 409,

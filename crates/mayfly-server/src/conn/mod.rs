@@ -112,13 +112,9 @@ impl Slots {
         }
     }
 
-    pub fn limits(&self) -> Limits {
-        self.limits
-    }
-
-    /// The places for upstream connections.
-    pub fn upstreams(&self) -> Arc<Semaphore> {
-        self.upstreams.clone()
+    /// The places for upstream connections, and how many there are.
+    pub fn upstreams(&self) -> (Arc<Semaphore>, usize) {
+        (self.upstreams.clone(), self.limits.upstreams)
     }
 
     /// Waits until every connection served with one of these places has
@@ -209,7 +205,7 @@ pub async fn accept_loop<L: Accept>(
         if slots.connections.available_permits() == 0 {
             tracing::warn!(
                 max = slots.limits.connections,
-                "a gateway listener is at its connection limit; accepting again when one ends"
+                "a listener is at its connection limit; accepting again when one ends"
             );
         }
         let permit = tokio::select! {
@@ -229,7 +225,7 @@ pub async fn accept_loop<L: Accept>(
                 on_conn(s, Slot(Arc::new(permit)));
             }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?pause, "gateway accept failed");
+                tracing::warn!(error = %e, retry_in = ?pause, "accept failed");
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = until_gone(&mut gone) => return,
@@ -284,9 +280,7 @@ impl Activity {
 
     fn start(&self) -> InFlight {
         self.0.in_flight.fetch_add(1, Ordering::Acquire);
-        if !self.0.begun.load(Ordering::Relaxed) {
-            self.0.begun.store(true, Ordering::Relaxed);
-        }
+        self.0.begun.store(true, Ordering::Relaxed);
         InFlight(self.clone())
     }
 
@@ -380,11 +374,11 @@ pub fn serve<I, F, Fut, B>(
             .max_header_list_size(MAX_HEADER_BYTES as u32);
         let activity = Activity::new();
         let counted = activity.clone();
-        let held = slot.clone();
+        // The service, and so the slot, lives as long as the connection.
         let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let in_flight = counted.start();
             if req.headers().contains_key(http::header::UPGRADE) {
-                req.extensions_mut().insert(held.clone());
+                req.extensions_mut().insert(slot.clone());
             }
             let answer = handle(req);
             async move {
@@ -397,21 +391,21 @@ pub fn serve<I, F, Fut, B>(
         });
         let conn = b.serve_connection_with_upgrades(TokioIo::new(stream), svc);
         tokio::pin!(conn);
-        tokio::select! {
+        // How long a graceful end may take: unbounded for a drain (whoever
+        // waits for it bounds it), `GRACE` for an idle connection.
+        let grace = tokio::select! {
             _ = conn.as_mut() => return,
-            _ = until_gone(&mut gone) => {
-                if on_stop == OnStop::Cut {
-                    return;
-                }
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-                return;
-            }
-            _ = activity.idle_for(timeouts.header_read, timeouts.idle) => {}
-        }
+            _ = until_gone(&mut gone) => match on_stop {
+                OnStop::Cut => return,
+                OnStop::Drain => None,
+            },
+            _ = activity.idle_for(timeouts.header_read, timeouts.idle) => Some(GRACE),
+        };
         conn.as_mut().graceful_shutdown();
-        let _ = tokio::time::timeout(GRACE, conn).await;
-        drop(slot);
+        match grace {
+            Some(g) => drop(tokio::time::timeout(g, conn).await),
+            None => drop(conn.await),
+        }
     });
 }
 

@@ -195,7 +195,7 @@ impl Gateway {
     ) {
         // The client connection's own upstream connections: dropped with
         // it, which closes them.
-        let conns = Upstreams::new(slots.upstreams(), slots.limits().upstreams);
+        let conns = Upstreams::new(slots);
         let timeouts = self.inner.timeouts;
         let stop = gone.map(|g| (g, OnStop::Cut));
         conn::serve(stream, slot, timeouts, stop, move |req| {

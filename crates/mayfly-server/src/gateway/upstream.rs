@@ -95,9 +95,10 @@ pub struct Upstreams {
 
 impl Upstreams {
     /// A client connection's upstream connections, taking their places
-    /// from `places` (at most `max` in all, shared with the listener's
-    /// other client connections).
-    pub fn new(places: Arc<Semaphore>, max: usize) -> Upstreams {
+    /// from its listener's `slots` (shared with the listener's other client
+    /// connections).
+    pub fn new(slots: &crate::conn::Slots) -> Upstreams {
+        let (places, max) = slots.upstreams();
         Upstreams {
             idle: Arc::default(),
             places,
