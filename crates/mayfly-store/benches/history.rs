@@ -1,5 +1,6 @@
 //! How the store's history costs as it grows: `stats` over 1 hour, 1 day and
-//! 7 days, and `prune` (batched), on a store of a week of sandboxes.
+//! 7 days (the host's, and a small tenant's), a small tenant's page of
+//! events, and `prune` (batched), on a store of a week of sandboxes.
 //!
 //! `cargo bench -p mayfly-store --bench history [-- SANDBOXES]` (default
 //! 100,000: one every 6 s for 7 days, each with two execs, all ended). The
@@ -25,6 +26,11 @@ fn id(n: u64) -> SandboxId {
     SandboxId::from_entropy(bytes)
 }
 
+/// The tenant holding one sandbox in [`SMALL_EVERY`]; the rest are the
+/// default tenant's.
+const SMALL: &str = "small";
+const SMALL_EVERY: u64 = 1000;
+
 /// Sandbox `i`, created at `at`: every other one a pool claim.
 fn record(i: u64, at: u64) -> SandboxRecord {
     SandboxRecord {
@@ -41,7 +47,14 @@ fn record(i: u64, at: u64) -> SandboxRecord {
         init_pid: None,
         reason: None,
         create_ms: None,
-        tenant: Some("default".into()),
+        tenant: Some(
+            if i.is_multiple_of(SMALL_EVERY) {
+                SMALL
+            } else {
+                "default"
+            }
+            .into(),
+        ),
         pool: i.is_multiple_of(2).then(|| "host".into()),
         claimed_at: i.is_multiple_of(2).then_some(at),
     }
@@ -76,6 +89,9 @@ fn main() {
         store
             .set_ready_info(&sid, 100, 0.03 + (i % 7) as f64)
             .expect("ready info");
+        store
+            .add_event(Some(&sid), "created", &serde_json::json!({}))
+            .expect("event");
         for k in 0..2 {
             store
                 .record_exec(&ExecAudit {
@@ -133,6 +149,36 @@ fn main() {
             median(times)
         );
     }
+
+    // A tenant with one sandbox in SMALL_EVERY: its 7-day report, and its
+    // first page of events, should cost its own rows, not everyone's.
+    let q = StatsQuery {
+        window_ms: WEEK_MS,
+        tenant: Some(SMALL.into()),
+        ..StatsQuery::default()
+    };
+    let mut times = Vec::new();
+    let mut count = 0;
+    for _ in 0..15 {
+        let t = Instant::now();
+        count = store.stats(&q).expect("stats").spin_up.all.count;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "stats over  7d for one tenant: median {:8.3} ms over 15 runs ({count} creates)",
+        median(times)
+    );
+    let mut times = Vec::new();
+    let mut len = 0;
+    for _ in 0..15 {
+        let t = Instant::now();
+        len = store.tenant_events(SMALL, 0, 100).expect("events").len();
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "one tenant's first page of events: median {:8.3} ms over 15 runs ({len} events)",
+        median(times)
+    );
 
     // `GET /v1/sandboxes?all=true`: the whole table (as it was) against the
     // most recent 1000 (as it is).

@@ -23,9 +23,9 @@ impl Store {
             .conn()
             .prepare_cached(
                 "INSERT INTO execs (sandbox_id, at, argv, exit_code, signal, timed_out, error, \
-                 duration_us, stdout_bytes, stderr_bytes, caller, kind, output) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13 \
-                 WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?1)",
+                 duration_us, stdout_bytes, stderr_bytes, caller, kind, output, tenant) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, tenant \
+                 FROM sandboxes WHERE id = ?1",
             )?
             .execute(params![
                 id.as_str(),
@@ -129,7 +129,8 @@ pub(crate) fn insert_event(
     detail: &serde_json::Value,
 ) -> Result<Event, StoreError> {
     conn.prepare_cached(
-        "INSERT INTO events (at, sandbox_id, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO events (at, sandbox_id, kind, detail, tenant) \
+         VALUES (?1, ?2, ?3, ?4, (SELECT tenant FROM sandboxes WHERE id = ?2))",
     )?
     .execute(params![
         at,

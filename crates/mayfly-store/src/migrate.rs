@@ -171,6 +171,24 @@ ALTER TABLE execs ADD COLUMN output TEXT;
 CREATE INDEX sandboxes_counted_at ON sandboxes (COALESCE(claimed_at, created_at));
 CREATE INDEX execs_at ON execs (at);
 ",
+    // 7: what a tenant reads leads with its tenant, so a tenant's page of
+    // events or its stats report reads its own rows, never every tenant's.
+    // `events.tenant` and `execs.tenant` copy their sandbox's tenant when
+    // they are written, and follow it when a tenant is removed. NULL is no
+    // tenant's: an event about no sandbox, or what a pool sandbox did
+    // before its claim (to its tenant, a pooled sandbox begins with its
+    // `claimed` event, as its `created_at` is the claim's time).
+    "
+ALTER TABLE events ADD COLUMN tenant TEXT;
+UPDATE events SET tenant = (SELECT s.tenant FROM sandboxes s WHERE s.id = events.sandbox_id
+    AND (s.claimed_at IS NULL OR events.at >= s.claimed_at)) WHERE sandbox_id IS NOT NULL;
+CREATE INDEX events_tenant ON events (tenant, seq);
+ALTER TABLE execs ADD COLUMN tenant TEXT;
+UPDATE execs SET tenant = (SELECT s.tenant FROM sandboxes s WHERE s.id = execs.sandbox_id
+    AND (s.claimed_at IS NULL OR execs.at >= s.claimed_at));
+CREATE INDEX execs_tenant_at ON execs (tenant, at);
+CREATE INDEX sandboxes_tenant_counted_at ON sandboxes (tenant, COALESCE(claimed_at, created_at));
+",
 ];
 
 /// Brings the database up to the last version in [`MIGRATIONS`], or refuses

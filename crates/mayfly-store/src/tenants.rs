@@ -163,10 +163,13 @@ impl Store {
         // Its history stays, under a name no tenant can take (`~` is not
         // allowed in one), so a tenant made later under the same name does
         // not inherit its records, audit, events or artifacts.
-        tx.execute(
-            "UPDATE sandboxes SET tenant = ?2 WHERE tenant = ?1",
-            params![name, removed_tenant(name, now)],
-        )?;
+        let removed = removed_tenant(name, now);
+        for table in ["sandboxes", "events", "execs"] {
+            tx.execute(
+                &format!("UPDATE {table} SET tenant = ?2 WHERE tenant = ?1"),
+                params![name, removed],
+            )?;
+        }
         tx.execute("DELETE FROM tenants WHERE name = ?1", [name])?;
         tx.commit()?;
         Ok(TenantRemoval::Removed {
@@ -283,8 +286,10 @@ impl Store {
     }
 
     /// Up to `limit` events of `tenant`'s sandboxes with a sequence number
-    /// above `since`, in order. Events about no sandbox are the host's, and
-    /// never a tenant's.
+    /// above `since`, in order, read through the `events_tenant` index, so
+    /// a page costs the tenant's own events, never every tenant's. Events
+    /// about no sandbox are the host's, and never a tenant's; nor is what a
+    /// pool sandbox did before its claim (see migration 7).
     pub fn tenant_events(
         &self,
         tenant: &str,
@@ -292,11 +297,7 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT e.seq, e.at, e.sandbox_id, e.kind, e.detail FROM events e \
-             JOIN sandboxes s ON s.id = e.sandbox_id \
-             WHERE e.seq > ?1 AND s.tenant = ?3 ORDER BY e.seq LIMIT ?2",
-        )?;
+        let mut stmt = conn.prepare_cached(TENANT_EVENTS_SQL)?;
         let mut rows = stmt.query(params![since, limit, tenant])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
@@ -312,6 +313,10 @@ impl Store {
         Ok(out)
     }
 }
+
+/// A page of one tenant's events: `?1` since, `?2` limit, `?3` tenant.
+pub(crate) const TENANT_EVENTS_SQL: &str = "SELECT seq, at, sandbox_id, kind, detail FROM events \
+     WHERE tenant = ?3 AND seq > ?1 ORDER BY seq LIMIT ?2";
 
 /// A CPU or memory total as the store's signed integer.
 fn total(v: Option<u64>) -> Result<Option<i64>, StoreError> {

@@ -382,3 +382,68 @@ async fn the_audit_trail_records_argv_exit_and_caller_of_each_exec() {
         assert_eq!(a.caller, "unix:uid=0", "the caller of {:?}", a.argv);
     }
 }
+
+#[tokio::test]
+async fn a_sandbox_past_its_command_budget_is_refused_and_nothing_runs_unaudited() {
+    let d = Daemon::start_with(&["--max-commands-per-sandbox", "3"]).await;
+    let sb = d.create().await;
+    d.exec(&sb.id, &["true"]).await;
+    let req = StartProcessRequest {
+        argv: vec!["true".into()],
+        ..StartProcessRequest::default()
+    };
+    d.client.start_process(&sb.id, &req).await.expect("start");
+    // A command that fails to start counts too: it is audited.
+    let _ = d
+        .client
+        .exec(&sb.id, &cmd(&["no-such-command-mayfly"]))
+        .await;
+    let marker = format!("/tmp/ran-{}", std::process::id());
+    let refused = d
+        .client
+        .exec(&sb.id, &cmd(&["touch", &marker]))
+        .await
+        .expect_err("a fourth command");
+    match &refused {
+        mayfly_client::ClientError::Api { status, error } => {
+            assert_eq!(
+                (*status, error.code),
+                (403, ErrorCode::PermissionDenied),
+                "{error:?}"
+            );
+            assert!(
+                error.message.contains("has run 3 commands"),
+                "{}",
+                error.message
+            );
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+    let e = d
+        .client
+        .start_process(&sb.id, &req)
+        .await
+        .expect_err("a background process past the budget");
+    assert!(format!("{e:?}").contains("has run 3 commands"), "{e:?}");
+    let out = d.run_cli(&["exec", sb.id.as_str(), "--", "true"]);
+    assert!(
+        !out.status.success(),
+        "the CLI exec past the budget succeeded"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("has run 3 commands"), "{stderr}");
+    // Nothing refused ran, and the trail holds exactly the three that did.
+    let trail = d.client.audit(&sb.id).await.expect("audit");
+    assert_eq!(trail.len(), 3, "{trail:#?}");
+    assert!(
+        trail.iter().all(|a| !a.argv.contains(&marker)),
+        "{trail:#?}"
+    );
+    match d.client.stat(&sb.id, &marker).await {
+        Err(mayfly_client::ClientError::Api { status: 404, .. }) => {}
+        other => panic!("the refused command ran, or stat failed: {other:?}"),
+    }
+    // The budget is the sandbox's: a new one runs.
+    let fresh = d.create().await;
+    d.exec(&fresh.id, &["true"]).await;
+}

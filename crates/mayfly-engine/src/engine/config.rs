@@ -65,7 +65,14 @@ pub struct EngineConfig {
     /// must start with. Empty: any http(s):// or git:// URL. An admin is
     /// never limited by it.
     pub tenant_repos: Vec<String>,
+    /// The most commands one sandbox may run through the API. Each is a
+    /// row of the audit trail, so this bounds a live sandbox's audit; a
+    /// command past it is refused, not run unaudited.
+    pub max_commands: u64,
 }
+
+/// [`EngineConfig::max_commands`] by default.
+pub const DEFAULT_MAX_COMMANDS: u64 = 100_000;
 
 /// The history kept by default: 30 days.
 const DEFAULT_HISTORY: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -99,6 +106,7 @@ impl Default for EngineConfig {
             artifact_caps: Default::default(),
             history: Some(DEFAULT_HISTORY),
             tenant_repos: Vec::new(),
+            max_commands: DEFAULT_MAX_COMMANDS,
         }
     }
 }

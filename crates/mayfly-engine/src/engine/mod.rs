@@ -43,7 +43,7 @@ use mayfly_store::Store;
 use mayfly_sys::cgroup::CgroupLayout;
 use mayfly_types::SandboxId;
 
-pub use config::{EngineConfig, DEFAULT_SPARE_NS_DIR};
+pub use config::{EngineConfig, DEFAULT_MAX_COMMANDS, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
 pub use lifecycle::{Lifecycle, LifecycleError};
 pub use pool::{check_pool_name, DEFAULT_REFILL_CONCURRENCY, MAX_REFILL_CONCURRENCY};

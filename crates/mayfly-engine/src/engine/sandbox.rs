@@ -83,6 +83,13 @@ pub(crate) struct Sandbox {
     pub services: Mutex<Vec<Arc<super::lifecycle::services::Service>>>,
     /// The uid its create-time file secrets belong to now.
     pub secret_owner: Mutex<Option<u32>>,
+    /// Commands started through the API (each one an audit row), against
+    /// [`EngineConfig::max_commands`](super::EngineConfig::max_commands).
+    pub commands: AtomicU64,
+    /// Bytes of argv and error text its audit rows have kept in full;
+    /// past [`AUDIT_FULL_TEXT_BYTES`](super::exec::AUDIT_FULL_TEXT_BYTES),
+    /// rows keep a short prefix.
+    pub audit_text: AtomicU64,
     /// Set by the first destroy, before its `before_remove` hooks run;
     /// later ones (and the TTL and idle reaper) leave the sandbox to it.
     destroying: AtomicBool,
@@ -145,6 +152,8 @@ impl Sandbox {
             lifecycle: OnceLock::new(),
             services: Mutex::new(Vec::new()),
             secret_owner: Mutex::new(None),
+            commands: AtomicU64::new(0),
+            audit_text: AtomicU64::new(0),
             destroying: AtomicBool::new(false),
         }
     }

@@ -201,3 +201,39 @@ fn slot_and_listing_queries_use_indexes() {
         assert!(!p.contains("TEMP B-TREE"), "{sql} sorts: {p}");
     }
 }
+
+#[test]
+fn migration_7_gives_old_events_and_execs_their_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut conn = raw(dir.path());
+    migrate_with(&mut conn, dir.path(), &MIGRATIONS[..6]).unwrap();
+    // 1: tenant a's from the start; 2: pooled, claimed by b at 50.
+    conn.execute_batch(
+        "INSERT INTO sandboxes (id, state, template, created_at, expires_at, limits, labels, \
+         uid_slot, owner_pid, owner_start, tenant, pool, claimed_at) VALUES \
+         ('sb-1', 'ready', 't', 10, 99, '{}', '{}', 1, 1, 1, 'a', NULL, NULL), \
+         ('sb-2', 'ready', 't', 50, 99, '{}', '{}', 2, 1, 1, 'b', 'py', 50);
+         INSERT INTO events (at, sandbox_id, kind, detail) VALUES \
+         (10, 'sb-1', 'created', '{}'), (20, 'sb-2', 'ready', '{}'), \
+         (50, 'sb-2', 'claimed', '{}'), (60, NULL, 'recovered', '{}');
+         INSERT INTO execs (sandbox_id, at, argv, timed_out, duration_us, stdout_bytes, \
+         stderr_bytes, caller) VALUES ('sb-2', 20, '[]', 0, 1, 0, 0, 'hook'), \
+         ('sb-2', 70, '[]', 0, 1, 0, 0, 'key:x');",
+    )
+    .unwrap();
+    drop(conn);
+    drop(Store::open(dir.path()).unwrap());
+    let conn = raw(dir.path());
+    let tenants = |table: &str| -> Vec<Option<String>> {
+        conn.prepare(&format!("SELECT tenant FROM {table} ORDER BY rowid"))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let s = |t: &str| Some(t.to_owned());
+    // What the pooled sandbox did before its claim is no tenant's.
+    assert_eq!(tenants("events"), [s("a"), None, s("b"), None]);
+    assert_eq!(tenants("execs"), [None, s("b")]);
+}

@@ -67,13 +67,26 @@ fn stats_read_their_window_through_an_index_not_a_table_scan() {
             .unwrap();
         rows.join("; ")
     };
-    let creates = plan(&creates_sql());
+    let creates = plan(&creates_sql(false));
     assert!(
         creates.contains("USING INDEX sandboxes_counted_at"),
         "{creates}"
     );
-    let execs = plan(&execs_sql());
+    let execs = plan(&execs_sql(false));
     assert!(execs.contains("USING INDEX execs_at"), "{execs}");
+    // A tenant's report reads its own rows only: the indexes lead with it.
+    let creates = plan(&creates_sql(true));
+    assert!(
+        creates.contains(
+            "USING INDEX sandboxes_tenant_counted_at (tenant=? AND <expr>>? AND <expr><?)"
+        ),
+        "{creates}"
+    );
+    let execs = plan(&execs_sql(true));
+    assert!(
+        execs.contains("USING INDEX execs_tenant_at (tenant=? AND at>? AND at<?)"),
+        "{execs}"
+    );
 }
 
 #[test]
@@ -99,7 +112,7 @@ fn a_file_stores_reports_read_on_their_own_connection_and_see_every_commit() {
     // It holds no write lock: writes go on while a report's statement is
     // open on it.
     let reader = store.read_conn();
-    let mut stmt = reader.prepare(&creates_sql()).unwrap();
+    let mut stmt = reader.prepare(&creates_sql(false)).unwrap();
     let mut rows = stmt
         .query(rusqlite::params![
             0,

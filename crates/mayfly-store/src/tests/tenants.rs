@@ -273,6 +273,95 @@ fn tenant_events_hold_only_that_tenants_sandboxes() {
 }
 
 #[test]
+fn a_pooled_sandbox_is_its_tenants_from_its_claim() {
+    let store = Store::open_in_memory().unwrap();
+    let mut rec = record(id(1), 10);
+    rec.tenant = None;
+    rec.pool = Some("py".into());
+    store.insert_sandbox(&rec, 8).unwrap();
+    store
+        .mark_ready(&id(1), 42, 2.5, &serde_json::json!({}))
+        .unwrap();
+    store
+        .add_event(Some(&id(1)), "pool-only", &serde_json::json!({}))
+        .unwrap();
+    let labels = std::collections::BTreeMap::new();
+    let detail = serde_json::json!({"source": "pool"});
+    let claim = crate::PoolClaim {
+        id: &id(1),
+        tenant: "a",
+        labels: &labels,
+        claimed_at: 20,
+        expires_at: 60_020,
+        claim_ms: 0.02,
+        detail: &detail,
+    };
+    assert_eq!(store.claim_pooled(&[claim]).unwrap(), [true]);
+    store
+        .add_event(Some(&id(1)), "after", &serde_json::json!({}))
+        .unwrap();
+    let kinds: Vec<_> = store
+        .tenant_events("a", 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["claimed", "after"]);
+    // The admin's page still holds all of them.
+    assert_eq!(
+        store.events(0, 100).unwrap().len(),
+        4,
+        "ready, pool-only, claimed, after"
+    );
+}
+
+#[test]
+fn a_removed_tenants_events_go_with_its_history() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_tenant("acme", &quotas()).unwrap();
+    let mut rec = record(id(1), 10);
+    rec.tenant = Some("acme".into());
+    store.insert_sandbox(&rec, 8).unwrap();
+    store
+        .add_event(Some(&id(1)), "created", &serde_json::json!({}))
+        .unwrap();
+    destroy(&store, &id(1));
+    let before = store.tenant_events("acme", 0, 100).unwrap();
+    assert!(!before.is_empty());
+    assert_eq!(
+        store.remove_tenant("acme").unwrap(),
+        TenantRemoval::Removed { revoked_keys: 0 }
+    );
+    store.put_tenant("acme", &quotas()).unwrap();
+    assert!(store.tenant_events("acme", 0, 100).unwrap().is_empty());
+    let moved = store.get_sandbox(&id(1)).unwrap().unwrap().tenant.unwrap();
+    assert_eq!(store.tenant_events(&moved, 0, 100).unwrap(), before);
+}
+
+#[test]
+fn a_tenants_page_of_events_reads_its_own_through_an_index() {
+    let store = Store::open_in_memory().unwrap();
+    let conn = store.conn();
+    let mut stmt = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            crate::tenants::TENANT_EVENTS_SQL
+        ))
+        .unwrap();
+    let plan = stmt
+        .query_map(rusqlite::params![0, 100, "a"], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+        .join("; ");
+    assert!(
+        plan.contains("USING INDEX events_tenant (tenant=? AND seq>?)"),
+        "{plan}"
+    );
+    assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+}
+
+#[test]
 fn hashes_compare_in_full() {
     assert!(constant_time_eq(&hash(b"x"), &hash(b"x")));
     assert!(!constant_time_eq(&hash(b"x"), &hash(b"y")));

@@ -35,6 +35,13 @@ pub struct ServeArgs {
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: u32,
+    /// Most commands one sandbox may run through the API (exec and
+    /// processes). Each is kept in the audit trail, so this bounds a live
+    /// sandbox's audit; past it a command is refused (403), never run
+    /// unaudited.
+    #[arg(long, default_value_t = mayfly_engine::DEFAULT_MAX_COMMANDS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_commands_per_sandbox: u64,
     /// A static DNS table for sandboxes' resolver, `/etc/hosts` format
     /// (`ADDRESS NAME…`), looked at before the host's resolver.
     #[arg(long)]
