@@ -130,23 +130,22 @@ impl SandboxApi for Engine {
         req: CreateRequest,
         caller: &Caller,
     ) -> Result<SandboxInfo, EngineError> {
-        // The create runs in a task of its own: a caller that goes away
-        // mid-create (a client hanging up, dropping this future at an
-        // await) cannot cut a boot or a claim short and strand its record,
-        // uid slot, cgroups, directory or pool sandbox. A sandbox made for
-        // a caller gone by then is destroyed (`abandoned`), not left to its
-        // TTL.
-        let (engine, caller) = (self.clone(), caller.clone());
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let made = engine.create_sandbox(req, &caller).await;
-            if let Err(Ok(info)) = tx.send(made) {
-                tracing::debug!(id = %info.id, "its caller left before the create answered");
-                engine.destroy_abandoned(&info.id);
-            }
-        });
-        rx.await
-            .map_err(|_| EngineError::Internal("a create task failed".into()))?
+        // A caller that goes away mid-create (a client hanging up, dropping
+        // this future at an await) cannot cut a boot or a claim short: the
+        // rest of the create runs in a task of its own (`FinishOnDrop`),
+        // and a sandbox made for a caller gone by then is destroyed
+        // (`abandoned`), not left to its TTL.
+        let (engine, orphans, caller) = (self.clone(), self.clone(), caller.clone());
+        super::finish::FinishOnDrop::new(
+            async move { engine.create_sandbox(req, &caller).await },
+            move |made: Result<SandboxInfo, EngineError>| {
+                if let Ok(info) = made {
+                    tracing::debug!(id = %info.id, "its caller left before the create answered");
+                    orphans.destroy_abandoned(&info.id);
+                }
+            },
+        )
+        .await
     }
 
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, EngineError> {

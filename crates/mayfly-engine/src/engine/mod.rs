@@ -9,6 +9,7 @@ mod create;
 mod destroy;
 mod early;
 mod exec;
+mod finish;
 mod gateway;
 mod history;
 mod leases;

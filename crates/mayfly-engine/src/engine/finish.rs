@@ -1,0 +1,114 @@
+//! Work its caller must not cut short, run without a task switch.
+//!
+//! A create is run in the caller's own task, so the answer needs no
+//! hand-over between runtime threads (a spawned task and a channel back
+//! cost a claim about 35 µs of its 200 here, two cross-thread wake-ups).
+//! If the caller goes away first (a client hanging up drops the request's
+//! future at an await), [`FinishOnDrop`]'s `Drop` moves the unfinished work
+//! into a task of its own, which runs it to the end and hands what it made
+//! to `orphaned`: a boot or a claim is never cut short, and its record, uid
+//! slot, cgroups, directory or pool sandbox are never stranded.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// See the module documentation.
+pub(crate) struct FinishOnDrop<T: Send + 'static> {
+    /// `None` once it has finished.
+    work: Option<Work<T>>,
+    /// What becomes of the output of work its caller left.
+    orphaned: Option<Box<dyn FnOnce(T) + Send>>,
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
+    pub(crate) fn new(
+        work: impl Future<Output = T> + Send + 'static,
+        orphaned: impl FnOnce(T) + Send + 'static,
+    ) -> Self {
+        FinishOnDrop {
+            work: Some(Box::pin(work)),
+            orphaned: Some(Box::new(orphaned)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(work) = self.work.as_mut() else {
+            panic!("FinishOnDrop polled after it finished");
+        };
+        let out = std::task::ready!(work.as_mut().poll(cx));
+        self.work = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        let (Some(work), Some(orphaned)) = (self.work.take(), self.orphaned.take()) else {
+            return;
+        };
+        // Work that panicked is not polled again; the panic is the answer.
+        if std::thread::panicking() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { orphaned(work.await) });
+            }
+            // Only when the runtime itself is gone: the process is ending,
+            // and the next start's recovery removes what the work had made.
+            Err(_) => tracing::warn!("work left unfinished outside a runtime"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::FinishOnDrop;
+
+    #[tokio::test]
+    async fn finished_work_is_answered_and_not_orphaned() {
+        let orphans = Arc::new(AtomicUsize::new(0));
+        let o = orphans.clone();
+        let work = FinishOnDrop::new(async { 7 }, move |_| {
+            o.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(work.await, 7);
+        tokio::task::yield_now().await;
+        assert_eq!(orphans.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn work_its_caller_left_runs_to_the_end_and_is_handed_over() {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
+        let work = FinishOnDrop::new(
+            async move {
+                gate_rx.await.expect("the gate");
+                "made"
+            },
+            move |made| {
+                let _ = done_tx.send(made);
+            },
+        );
+        // The caller gives up while the work waits at an await.
+        let cut = tokio::time::timeout(Duration::from_millis(20), work).await;
+        assert!(cut.is_err(), "the work finished before its gate opened");
+        gate_tx.send(()).expect("the work is still there");
+        let made = tokio::time::timeout(Duration::from_secs(5), done_rx)
+            .await
+            .expect("the orphaned work finished")
+            .expect("its output");
+        assert_eq!(made, "made");
+    }
+}
