@@ -111,6 +111,12 @@ pub trait GatewayApi: Send + Sync {
         port: u16,
     ) -> Result<tokio::net::TcpStream, EngineError>;
 
+    /// What a long-lived connection to sandbox `id` (a TCP forward, a
+    /// WebSocket, a streamed response) touches as its bytes flow, so that
+    /// traffic keeps the sandbox from idling out, not only the request
+    /// that opened the connection. `None` if the sandbox is gone.
+    fn activity(&self, id: &SandboxId) -> Option<crate::SandboxActivity>;
+
     /// The sandbox's token, exposed ports and overrides.
     async fn ports(&self, id: &SandboxId) -> Result<SandboxPorts, EngineError>;
     /// Exposes a port (public: reachable without the token); never

@@ -46,7 +46,10 @@ pub(crate) async fn connect_port(
         .gateway()
         .ok_or_else(|| AppError::new(ErrorCode::NotFound, "this daemon has no gateway"))?;
     // Connect first, so a closed port is a clean error, not a dead stream.
-    let mut upstream = gw.connect(&id, port).await?;
+    let upstream = gw.connect(&id, port).await?;
+    // Bytes either way count as the sandbox's activity, not only this
+    // request: a forward in use keeps its sandbox from idling out.
+    let mut upstream = crate::activity::Touching::new(upstream, gw.activity(&id));
     // A forward opened with a key ends when the key is revoked.
     let revoked = match crate::auth::api_key(&req) {
         Some(key) => crate::revocable::until_revoked(s.api.clone(), key.to_owned()),

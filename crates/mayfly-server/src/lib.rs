@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use mayfly_engine::SandboxApi;
 
+mod activity;
 mod artifacts;
 mod auth;
 pub mod conn;

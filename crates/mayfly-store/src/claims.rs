@@ -56,6 +56,20 @@ impl Store {
                 ])?;
             recorded.push(changed == 1);
             if changed == 1 {
+                // The claim was answered from memory: the commands and
+                // events of the moments before this write are the tenant's
+                // too (the boot's, before the claim, stay the pool's).
+                for table in ["execs", "events"] {
+                    tx.prepare_cached(&format!(
+                        "UPDATE {table} SET tenant = ?2 \
+                         WHERE sandbox_id = ?1 AND tenant IS NULL AND at >= ?3"
+                    ))?
+                    .execute(params![
+                        c.id.as_str(),
+                        c.tenant,
+                        c.claimed_at
+                    ])?;
+                }
                 events.push(crate::audit::insert_event(
                     &tx,
                     c.claimed_at,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::host::assert_no_leaks;
 use common::keys::{code, tenant_client};
 use mayfly_types::{ErrorCode, SandboxId, TenantQuotas};
-use support::{curl, daemon, error_code, sandbox_serving};
+use support::{curl, daemon, error_code, read_head, sandbox_serving, ws_echo, ws_open};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 fn host(port: u16, id: &SandboxId) -> String {
@@ -108,23 +108,10 @@ async fn websocket_h2c_and_streaming_pass_through() {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw))
         .await
         .unwrap();
-    let req = format!(
-        "GET /ws HTTP/1.1\r\n{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        host(8000, &id)
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let head = read_head(&mut s).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let head = ws_open(&mut s, &format!("8000-{id}.localhost")).await;
     assert!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
     for msg in ["hello ws", "second frame"] {
-        s.write_all(&masked_text_frame(msg)).await.unwrap();
-        let mut hdr = [0u8; 2];
-        s.read_exact(&mut hdr).await.unwrap();
-        assert_eq!(hdr[0], 0x81, "a final text frame");
-        let mut body = vec![0u8; (hdr[1] & 0x7f) as usize];
-        s.read_exact(&mut body).await.unwrap();
-        assert_eq!(String::from_utf8(body).unwrap(), msg);
+        ws_echo(&mut s, msg).await;
     }
 
     // Streaming: the first chunk arrives long before the last is sent.
@@ -466,26 +453,4 @@ async fn destroy_and_daemon_crash_leave_no_namespace_listener_or_process() {
         s, 404,
         "the restarted daemon's gateway answers, and the sandbox is gone"
     );
-}
-
-async fn read_head(s: &mut tokio::net::TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            s.read(&mut b).await.unwrap(),
-            1,
-            "the connection closed mid-head"
-        );
-        head.push(b[0]);
-    }
-    String::from_utf8_lossy(&head).into_owned()
-}
-
-fn masked_text_frame(msg: &str) -> Vec<u8> {
-    let mask = [0x12u8, 0x34, 0x56, 0x78];
-    let mut f = vec![0x81, 0x80 | msg.len() as u8];
-    f.extend_from_slice(&mask);
-    f.extend(msg.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    f
 }

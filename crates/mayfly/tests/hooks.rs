@@ -15,6 +15,15 @@ fn hook(script: &str, on_failure: FailurePolicy) -> Hook {
     }
 }
 
+/// A task run (`run: true`) of `script`.
+fn task_run(script: &str) -> ExecRequest {
+    ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        run: true,
+        ..Default::default()
+    }
+}
+
 fn log(point: &str) -> Hook {
     hook(&format!("echo {point} >> /tmp/order"), FailurePolicy::Fail)
 }
@@ -37,11 +46,7 @@ async fn hooks_run_in_order_around_task_runs_and_are_audited() {
     let sb = d.create_with(&req).await;
     // A plain exec is not a task run.
     d.sh(&sb.id, "echo exec >> /tmp/order").await;
-    let run = ExecRequest {
-        argv: vec!["sh".into(), "-c".into(), "echo run >> /tmp/order".into()],
-        run: true,
-        ..Default::default()
-    };
+    let run = task_run("echo run >> /tmp/order");
     let r = d.exec_req(&sb.id, &run).await;
     assert_eq!(r.status.exit_code, Some(0));
     assert_eq!(r.hook_error, None, "an ignored failure is not reported");
@@ -125,11 +130,7 @@ async fn failing_hooks_fail_their_step_by_policy_and_never_block_removal() {
         ..Default::default()
     };
     let sb = d.create_with(&req).await;
-    let run = ExecRequest {
-        argv: vec!["sh".into(), "-c".into(), "echo ran; touch /tmp/ran".into()],
-        run: true,
-        ..Default::default()
-    };
+    let run = task_run("echo ran; touch /tmp/ran");
     // before_run fail: the run is refused with 409 and does not start.
     let e = d
         .client
@@ -282,4 +283,37 @@ async fn a_create_whose_client_hangs_up_midway_is_destroyed_not_stranded() {
     // The uid slots and the daemon's places came back: creates still work.
     let sb = d.create().await;
     d.client.destroy(&sb.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn hooks_count_against_the_command_budget_and_do_not_run_past_it() {
+    let d = Daemon::start_with(&["--max-commands-per-sandbox", "4"]).await;
+    let req = CreateRequest {
+        hooks: Hooks {
+            before_run: vec![log("before_run")],
+            after_run: vec![log("after_run")],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let sb = d.create_with(&req).await;
+    let run = task_run("echo run >> /tmp/order");
+    // One task run is three commands: its two hooks and itself.
+    let r = d.exec_req(&sb.id, &run).await;
+    assert_eq!(r.status.exit_code, Some(0));
+    // The fourth command of the budget; then a run is refused before its
+    // before_run hook runs, and nothing more is recorded.
+    let order = d.sh(&sb.id, "cat /tmp/order").await;
+    assert_eq!(order, "before_run\nrun\nafter_run\n");
+    let e = d
+        .client
+        .exec(&sb.id, &run)
+        .await
+        .expect_err("past the budget");
+    assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{e:?}");
+    assert!(e.to_string().contains("has run 4 commands"), "{e}");
+    let trail = d.client.audit(&sb.id).await.expect("audit");
+    assert_eq!(trail.len(), 4, "{trail:#?}");
+    d.client.destroy(&sb.id).await.expect("destroy");
+    assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
 }

@@ -1,8 +1,11 @@
 //! Deadlines against a real daemon: the TTL kills even while commands run,
 //! idle sandboxes are reaped but busy ones are not, keepalive extends, and
-//! a draining shutdown serves live sandboxes while refusing new ones.
+//! a draining shutdown serves live sandboxes while refusing new ones;
+//! traffic on a TCP forward or a relayed WebSocket counts as activity.
 
 mod common;
+#[path = "gateway/support.rs"]
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -271,4 +274,79 @@ async fn a_shutdown_does_not_wait_for_a_request_in_flight() {
         let ids: Vec<String> = recs.iter().map(|r| r.id.to_string()).collect();
         assert_no_leaks(&d.state_dir, &ids);
     }
+}
+
+/// Starts server.py in `id` in a session of its own (`setsid -f`), not as
+/// a background process the daemon tracks (one would keep the sandbox busy
+/// by itself), the way a template's service (a Postgres, say) runs, and
+/// waits until `port` accepts.
+async fn serve_detached(d: &Daemon, id: &SandboxId, port: u16) {
+    d.client
+        .write_file(
+            id,
+            "/workspace/server.py",
+            support::SERVER_PY.as_bytes().to_vec(),
+            Some(0o644),
+        )
+        .await
+        .expect("writing server.py");
+    let line =
+        format!("setsid -f python3 /workspace/server.py inside {port} </dev/null >/dev/null 2>&1");
+    let r = d.client.exec(id, &cmd(&["sh", "-c", &line])).await;
+    assert_eq!(r.expect("exec").status.exit_code, Some(0));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.client.connect_port(id, port).await.is_err() {
+        assert!(Instant::now() < deadline, "no server on {port} in {id}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn traffic_on_a_forward_or_a_websocket_keeps_a_sandbox_from_idling_out() {
+    let (d, gw) = support::daemon().await;
+    let req = CreateRequest {
+        ttl_secs: Some(1800),
+        idle_timeout_secs: Some(3),
+        ..CreateRequest::default()
+    };
+    let (fwd, ws) = (d.create_with(&req).await, d.create_with(&req).await);
+    serve_detached(&d, &fwd.id, 8000).await;
+    serve_detached(&d, &ws.id, 8000).await;
+    d.client.expose(&ws.id, 8000, true).await.expect("expose");
+    // A WebSocket through a TCP forward, and one through the gateway,
+    // each opened right after a keepalive (a cold create and a server's
+    // start on a busy host can take longer than an idle timeout).
+    d.client.keepalive(&fwd.id, None).await.expect("keepalive");
+    let mut a = d.client.connect_port(&fwd.id, 8000).await.expect("forward");
+    support::ws_open(&mut a, "inside").await;
+    d.client.keepalive(&ws.id, None).await.expect("keepalive");
+    let mut b = tokio::net::TcpStream::connect(("127.0.0.1", gw))
+        .await
+        .expect("gateway");
+    support::ws_open(&mut b, &format!("8000-{}.localhost", ws.id)).await;
+    // Over two idle timeouts with a frame each way every 250 ms and no API
+    // request: only the traffic keeps the two alive.
+    let t = Instant::now();
+    let mut n = 0;
+    while t.elapsed() < Duration::from_secs(7) {
+        support::ws_echo(&mut a, &format!("forward {n}")).await;
+        support::ws_echo(&mut b, &format!("gateway {n}")).await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for id in [&fwd.id, &ws.id] {
+        let info = d.client.get(id).await.expect("get");
+        assert_eq!(
+            info.state,
+            SandboxState::Ready,
+            "{id} idled out while its connection carried {n} frames: {info:?}"
+        );
+    }
+    // Silent, with both connections still open: both idle out.
+    for id in [&fwd.id, &ws.id] {
+        let info = wait_ended(&d, id, Duration::from_secs(15)).await;
+        assert_eq!(info.reason.as_deref(), Some("idle"), "{info:?}");
+    }
+    drop((a, b));
+    assert_no_leaks(&d.state_dir, &[fwd.id.as_str(), ws.id.as_str()]);
 }

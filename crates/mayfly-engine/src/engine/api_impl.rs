@@ -73,6 +73,8 @@ impl Engine {
         // A task run starts only once its `before_run` hooks passed.
         let run = req.run;
         if run {
+            // Past its budget nothing runs, its hooks included.
+            self.check_command_budget(sb)?;
             self.run_hooks(sb, HookPoint::BeforeRun, caller).await?;
         }
         let started = self.start_command(sb, &spec, caller).await?;

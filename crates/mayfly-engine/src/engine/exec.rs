@@ -1,20 +1,20 @@
 //! Exec: start a command through init, feed stdin, collect or stream its
-//! output byte-exactly, enforce the timeout, and audit the result.
+//! output byte-exactly, enforce the timeout, and audit the result (what a
+//! row keeps, and the command budget, are `audit.rs`).
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mayfly_types::{
-    Bytes64, ExecAudit, ExecEvent, ExecResult, ExitStatus, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT,
+    Bytes64, ExecEvent, ExecResult, ExitStatus, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT,
     MAX_TIMEOUT_MS,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::sandbox::Sandbox;
-use super::{now_ms, Engine};
+use super::Engine;
 use crate::api::Caller;
 use crate::runtime::conn::ExitInfo;
 use crate::runtime::proto::SpawnCommand;
@@ -23,19 +23,6 @@ use crate::EngineError;
 
 /// Total bytes of argv and env one command may carry.
 const MAX_COMMAND_BYTES: usize = 128 * 1024;
-/// Bytes of a command's argv, and of its error, that the audit trail keeps
-/// (a command may be 128 KiB, and a sandbox may run thousands): the rest is
-/// counted, not stored.
-const AUDIT_TEXT_BYTES: usize = 4096;
-/// Bytes of argv and error text one sandbox's audit rows keep at
-/// [`AUDIT_TEXT_BYTES`] each; past it, rows keep [`AUDIT_LEAN_TEXT_BYTES`].
-/// With [`EngineConfig::max_commands`](super::EngineConfig::max_commands)
-/// this bounds what one live sandbox can make the store hold (by default
-/// 16 MiB plus 100,000 rows of at most 512 bytes of text).
-pub(crate) const AUDIT_FULL_TEXT_BYTES: u64 = 16 << 20;
-/// What a row keeps of argv, and of an error, once its sandbox has used
-/// [`AUDIT_FULL_TEXT_BYTES`].
-const AUDIT_LEAN_TEXT_BYTES: usize = 256;
 /// How long output may keep flowing after the command has exited (a process
 /// that escaped its session can hold the pipe; we stop waiting for it).
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
@@ -186,15 +173,7 @@ impl Engine {
     ) -> Result<Started, EngineError> {
         // Counted before it runs: a sandbox past its budget is refused, and
         // nothing it asks for runs unaudited.
-        let max = self.inner.cfg.max_commands;
-        if sb.commands.fetch_add(1, Ordering::Relaxed) >= max {
-            sb.commands.fetch_sub(1, Ordering::Relaxed);
-            return Err(EngineError::Forbidden(format!(
-                "sandbox {} has run {max} commands, the most one sandbox may run (each is kept \
-                 in the audit trail); create a new sandbox",
-                sb.id
-            )));
-        }
+        self.charge_command(sb)?;
         let started = self.spawn_command(sb, spec).await;
         if let Err(e) = &started {
             self.audit_exec(sb, &spec.argv, Err(e), caller);
@@ -370,91 +349,6 @@ impl Engine {
             hook_error: None,
         }
     }
-
-    pub(crate) fn audit_exec(
-        &self,
-        sb: &Sandbox,
-        argv: &[String],
-        r: Result<&ExecResult, &EngineError>,
-        caller: &Caller,
-    ) {
-        let room = if sb.audit_text.load(Ordering::Relaxed) < AUDIT_FULL_TEXT_BYTES {
-            AUDIT_TEXT_BYTES
-        } else {
-            AUDIT_LEAN_TEXT_BYTES
-        };
-        let mut a = ExecAudit::begin(
-            sb.id.to_string(),
-            now_ms(),
-            audit_argv(argv, room),
-            caller.name.clone(),
-            None,
-        );
-        match r {
-            Ok(r) => {
-                a.exit_code = r.status.exit_code;
-                a.signal = r.status.signal;
-                a.timed_out = r.status.timed_out;
-                a.duration_us = r.duration_us;
-                a.stdout_bytes = r.stdout_bytes;
-                a.stderr_bytes = r.stderr_bytes;
-            }
-            Err(e) => a.error = Some(audit_text(e.to_string(), room)),
-        }
-        let kept =
-            a.argv.iter().map(String::len).sum::<usize>() + a.error.as_ref().map_or(0, String::len);
-        sb.audit_text.fetch_add(kept as u64, Ordering::Relaxed);
-        if let Err(e) = self.inner.store.record_exec(&a) {
-            tracing::warn!(id = %sb.id, error = %e, "recording an exec in the audit trail failed");
-        }
-    }
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a
-/// character boundary.
-fn prefix(s: &str, max: usize) -> &str {
-    let mut cut = max.min(s.len());
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    &s[..cut]
-}
-
-/// `argv` as the audit trail records it: whole when its elements total at
-/// most `room` bytes; else the elements that fit (the last one cut short)
-/// and a last element saying how many bytes were left out.
-pub(crate) fn audit_argv(argv: &[String], mut room: usize) -> Vec<String> {
-    let total: usize = argv.iter().map(String::len).sum();
-    if total <= room {
-        return argv.to_vec();
-    }
-    let mut out = Vec::new();
-    for a in argv {
-        if room == 0 {
-            break;
-        }
-        let kept = prefix(a, room);
-        room -= kept.len();
-        out.push(kept.to_owned());
-        if kept.len() < a.len() {
-            break;
-        }
-    }
-    let kept: usize = out.iter().map(String::len).sum();
-    out.push(format!(
-        "[mayfly: {} more bytes of argv not recorded]",
-        total - kept
-    ));
-    out
-}
-
-/// An error message as the audit trail records it: at most `room` bytes,
-/// marked when cut.
-fn audit_text(s: String, room: usize) -> String {
-    if s.len() <= room {
-        return s;
-    }
-    format!("{} [mayfly: cut from {} bytes]", prefix(&s, room), s.len())
 }
 
 async fn read_stream(
@@ -506,7 +400,3 @@ async fn read_stream(
         }
     }
 }
-
-#[cfg(test)]
-#[path = "exec_tests.rs"]
-mod tests;

@@ -21,6 +21,9 @@ pub(crate) struct FinishOnDrop<T: Send + 'static> {
     work: Option<Work<T>>,
     /// What becomes of the output of work its caller left.
     orphaned: Option<Box<dyn FnOnce(T) + Send>>,
+    /// Set while the work is polled: still set in `drop`, the work itself
+    /// panicked (a panic elsewhere in the caller leaves the work sound).
+    in_poll: bool,
 }
 
 impl<T: Send + 'static> FinishOnDrop<T> {
@@ -31,6 +34,7 @@ impl<T: Send + 'static> FinishOnDrop<T> {
         FinishOnDrop {
             work: Some(Box::pin(work)),
             orphaned: Some(Box::new(orphaned)),
+            in_poll: false,
         }
     }
 }
@@ -38,12 +42,16 @@ impl<T: Send + 'static> FinishOnDrop<T> {
 impl<T: Send + 'static> Future for FinishOnDrop<T> {
     type Output = T;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let Some(work) = self.work.as_mut() else {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(work) = this.work.as_mut() else {
             panic!("FinishOnDrop polled after it finished");
         };
-        let out = std::task::ready!(work.as_mut().poll(cx));
-        self.work = None;
+        this.in_poll = true;
+        let out = work.as_mut().poll(cx);
+        this.in_poll = false;
+        let out = std::task::ready!(out);
+        this.work = None;
         Poll::Ready(out)
     }
 }
@@ -54,7 +62,7 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
             return;
         };
         // Work that panicked is not polled again; the panic is the answer.
-        if std::thread::panicking() {
+        if self.in_poll {
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -74,6 +82,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use tokio::sync::oneshot;
+
     use super::FinishOnDrop;
 
     #[tokio::test]
@@ -88,10 +98,15 @@ mod tests {
         assert_eq!(orphans.load(Ordering::SeqCst), 0);
     }
 
-    #[tokio::test]
-    async fn work_its_caller_left_runs_to_the_end_and_is_handed_over() {
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
+    /// Work that waits for its gate, then makes "made"; the receiver of
+    /// what its orphan handler is given.
+    fn gated() -> (
+        FinishOnDrop<&'static str>,
+        oneshot::Sender<()>,
+        oneshot::Receiver<&'static str>,
+    ) {
+        let (done_tx, done_rx) = oneshot::channel();
+        let (gate_tx, gate_rx) = oneshot::channel::<()>();
         let work = FinishOnDrop::new(
             async move {
                 gate_rx.await.expect("the gate");
@@ -101,14 +116,39 @@ mod tests {
                 let _ = done_tx.send(made);
             },
         );
-        // The caller gives up while the work waits at an await.
-        let cut = tokio::time::timeout(Duration::from_millis(20), work).await;
-        assert!(cut.is_err(), "the work finished before its gate opened");
-        gate_tx.send(()).expect("the work is still there");
-        let made = tokio::time::timeout(Duration::from_secs(5), done_rx)
+        (work, gate_tx, done_rx)
+    }
+
+    /// Opens the gate of work its caller left, and waits for its output.
+    async fn handed_over(gate: oneshot::Sender<()>, done: oneshot::Receiver<&'static str>) {
+        gate.send(()).expect("the work is still there");
+        let made = tokio::time::timeout(Duration::from_secs(5), done)
             .await
             .expect("the orphaned work finished")
             .expect("its output");
         assert_eq!(made, "made");
+    }
+
+    #[tokio::test]
+    async fn work_its_caller_left_runs_to_the_end_and_is_handed_over() {
+        let (work, gate, done) = gated();
+        // The caller gives up while the work waits at an await.
+        let cut = tokio::time::timeout(Duration::from_millis(20), work).await;
+        assert!(cut.is_err(), "the work finished before its gate opened");
+        handed_over(gate, done).await;
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_the_caller_not_the_work_still_hands_the_work_over() {
+        let (work, gate, done) = gated();
+        // The caller's task panics while the work waits at an await.
+        let caller = tokio::spawn(async move {
+            let mut work = Box::pin(work);
+            let cut = tokio::time::timeout(Duration::from_millis(20), &mut work).await;
+            assert!(cut.is_err(), "the work finished before its gate opened");
+            panic!("the caller, not the work");
+        });
+        assert!(caller.await.unwrap_err().is_panic());
+        handed_over(gate, done).await;
     }
 }

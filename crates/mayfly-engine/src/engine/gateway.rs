@@ -355,6 +355,12 @@ impl GatewayApi for Engine {
         Ok(stream)
     }
 
+    fn activity(&self, id: &SandboxId) -> Option<crate::SandboxActivity> {
+        self.gate(id)
+            .ok()
+            .map(|g| crate::SandboxActivity::of(&g.sb))
+    }
+
     async fn ports(&self, id: &SandboxId) -> Result<SandboxPorts, EngineError> {
         let gate = self.active_gate(id)?;
         let p = gate.ports.read().unwrap_or_else(|p| p.into_inner());

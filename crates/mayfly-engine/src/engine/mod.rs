@@ -3,6 +3,7 @@
 
 mod api_impl;
 pub(crate) mod artifacts;
+mod audit;
 mod claims;
 mod config;
 mod create;
@@ -53,6 +54,7 @@ pub use quota::{Admission, QuotaError};
 pub use reaper::Detached;
 pub use recovery::RecoveryReport;
 use sandbox::Sandbox;
+pub use sandbox::SandboxActivity;
 pub use template_build::BuildEvents;
 
 use crate::runtime::zygote::Zygote;

@@ -87,7 +87,7 @@ pub(crate) struct Sandbox {
     /// [`EngineConfig::max_commands`](super::EngineConfig::max_commands).
     pub commands: AtomicU64,
     /// Bytes of argv and error text its audit rows have kept in full;
-    /// past [`AUDIT_FULL_TEXT_BYTES`](super::exec::AUDIT_FULL_TEXT_BYTES),
+    /// past [`AUDIT_FULL_TEXT_BYTES`](super::audit::AUDIT_FULL_TEXT_BYTES),
     /// rows keep a short prefix.
     pub audit_text: AtomicU64,
     /// Set by the first destroy, before its `before_remove` hooks run;
@@ -222,6 +222,33 @@ impl Sandbox {
 
     pub fn handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// What a long-lived connection to a sandbox (a TCP forward, a WebSocket,
+/// a streamed response) touches as its bytes flow, so that traffic, not
+/// only requests, keeps the sandbox from idling out. Holds the sandbox
+/// weakly: an open connection keeps its idle clock going, nothing else.
+#[derive(Clone)]
+pub struct SandboxActivity(std::sync::Weak<Sandbox>);
+
+impl SandboxActivity {
+    pub(crate) fn of(sb: &Arc<Sandbox>) -> Self {
+        SandboxActivity(Arc::downgrade(sb))
+    }
+
+    /// Bytes went to or came from the sandbox just now.
+    pub fn touch(&self) {
+        if let Some(sb) = self.0.upgrade() {
+            sb.touch();
+        }
+    }
+}
+
+impl std::fmt::Debug for SandboxActivity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.0.upgrade().map(|sb| sb.id.to_string());
+        f.debug_tuple("SandboxActivity").field(&id).finish()
     }
 }
 

@@ -14,10 +14,12 @@ use mayfly_engine::GatewayApi;
 use mayfly_types::{ApiError, ErrorCode};
 
 use super::upstream::{Upstream, UpstreamError, Upstreams};
+use crate::activity::{Touching, TouchingBody};
 
 /// The body of everything the gateway answers: the upstream's, streamed,
 /// or one of its own JSON errors.
-pub type GatewayBody = Either<Incoming, Full<Bytes>>;
+/// A sandbox's streamed answer touches its idle clock as it flows.
+pub type GatewayBody = Either<TouchingBody<Incoming>, Full<Bytes>>;
 
 /// Headers that belong to one connection, not to the request (RFC 9110
 /// 7.6.1), plus the gateway's own.
@@ -129,18 +131,23 @@ pub async fn forward(
         Err(e @ UpstreamError::Busy { .. }) => return error(ErrorCode::Unavailable, e.to_string()),
         Err(e) => return error(ErrorCode::BadGateway, e.to_string()),
     };
+    // Traffic to a sandbox, not only this request, is its activity: a
+    // WebSocket or a streamed answer in use keeps it from idling out.
+    let activity = match to {
+        Upstream::Sandbox { id, .. } => api.activity(id),
+        Upstream::Baseline { .. } => None,
+    };
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_side) = client_upgrade {
             let upstream_side = hyper::upgrade::on(&mut resp);
             tokio::spawn(async move {
                 if let (Ok(a), Ok(b)) = (client_side.await, upstream_side.await) {
-                    let _ =
-                        tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b))
-                            .await;
+                    let mut b = Touching::new(TokioIo::new(b), activity);
+                    let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut b).await;
                 }
                 drop(slot);
             });
-            return resp.map(Either::Left);
+            return resp.map(|b| Either::Left(TouchingBody::new(b, None)));
         }
         return error(
             ErrorCode::BadGateway,
@@ -148,5 +155,5 @@ pub async fn forward(
         );
     }
     strip_hop_by_hop(resp.headers_mut());
-    resp.map(Either::Left)
+    resp.map(|b| Either::Left(TouchingBody::new(b, activity)))
 }

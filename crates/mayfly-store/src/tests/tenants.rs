@@ -1,4 +1,4 @@
-use mayfly_types::{SandboxState, TenantQuotas};
+use mayfly_types::{ExecAudit, SandboxState, TenantQuotas};
 
 use super::{clocked_store, destroy, id, record};
 use crate::tenants::{constant_time_eq, hash, parse_key};
@@ -274,7 +274,13 @@ fn tenant_events_hold_only_that_tenants_sandboxes() {
 
 #[test]
 fn a_pooled_sandbox_is_its_tenants_from_its_claim() {
-    let store = Store::open_in_memory().unwrap();
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let t = Arc::new(AtomicU64::new(10));
+    let clock = t.clone();
+    let store = Store::open_in_memory()
+        .unwrap()
+        .with_clock(move || clock.load(Ordering::SeqCst));
     let mut rec = record(id(1), 10);
     rec.tenant = None;
     rec.pool = Some("py".into());
@@ -285,6 +291,16 @@ fn a_pooled_sandbox_is_its_tenants_from_its_claim() {
     store
         .add_event(Some(&id(1)), "pool-only", &serde_json::json!({}))
         .unwrap();
+    let exec_at = |at| ExecAudit::begin(id(1).to_string(), at, vec!["x".into()], "c".into(), None);
+    store.record_exec(&exec_at(15)).unwrap();
+    // Claimed at 20 in memory; the claim's write lands at 25, after an
+    // event and a command of the claimed sandbox were written.
+    t.store(22, Ordering::SeqCst);
+    store
+        .add_event(Some(&id(1)), "early", &serde_json::json!({}))
+        .unwrap();
+    store.record_exec(&exec_at(23)).unwrap();
+    t.store(25, Ordering::SeqCst);
     let labels = std::collections::BTreeMap::new();
     let detail = serde_json::json!({"source": "pool"});
     let claim = crate::PoolClaim {
@@ -306,13 +322,23 @@ fn a_pooled_sandbox_is_its_tenants_from_its_claim() {
         .into_iter()
         .map(|e| e.kind)
         .collect();
-    assert_eq!(kinds, ["claimed", "after"]);
+    assert_eq!(kinds, ["early", "claimed", "after"]);
     // The admin's page still holds all of them.
     assert_eq!(
         store.events(0, 100).unwrap().len(),
-        4,
-        "ready, pool-only, claimed, after"
+        5,
+        "ready, pool-only, early, claimed, after"
     );
+    // The command after the claim is the tenant's; the boot's is not.
+    let tenants: Vec<(i64, Option<String>)> = store
+        .conn()
+        .prepare("SELECT at, tenant FROM execs ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(tenants, [(15, None), (23, Some("a".to_owned()))]);
 }
 
 #[test]

@@ -146,3 +146,60 @@ pub fn error_code(body: &str) -> String {
         .and_then(|v| v["code"].as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("<not a JSON error: {body:?}>"))
 }
+
+/// Reads an HTTP head, byte by byte, up to and including its blank line.
+pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut b).await.unwrap(),
+            1,
+            "the connection closed mid-head"
+        );
+        head.push(b[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// A client's (masked) final text frame carrying `msg` (under 126 bytes).
+pub fn masked_text_frame(msg: &str) -> Vec<u8> {
+    let mask = [0x12u8, 0x34, 0x56, 0x78];
+    let mut f = vec![0x81, 0x80 | msg.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(msg.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+/// Opens a WebSocket to server.py's `/ws` on `s`, addressed by `host`;
+/// the answer's head.
+pub async fn ws_open<S>(s: &mut S, host: &str) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt as _;
+    let req = format!(
+        "GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(s).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    head
+}
+
+/// Sends `msg` as a text frame and checks that server.py echoes it back.
+pub async fn ws_echo<S>(s: &mut S, msg: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    s.write_all(&masked_text_frame(msg)).await.unwrap();
+    let mut hdr = [0u8; 2];
+    s.read_exact(&mut hdr).await.unwrap();
+    assert_eq!(hdr[0], 0x81, "a final text frame");
+    let mut body = vec![0u8; (hdr[1] & 0x7f) as usize];
+    s.read_exact(&mut body).await.unwrap();
+    assert_eq!(String::from_utf8(body).unwrap(), msg);
+}

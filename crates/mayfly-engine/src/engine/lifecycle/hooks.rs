@@ -159,6 +159,7 @@ impl Engine {
                 }
             }
         };
+        self.count_hook(sb, &audit);
         if let Err(e) = self.inner.store.record_exec(&audit) {
             tracing::warn!(id = %sb.id, error = %e, "recording a hook in the audit trail failed");
         }
