@@ -136,8 +136,11 @@ impl SandboxApi for Engine {
         // this future at an await) cannot cut a boot or a claim short: the
         // rest of the create runs in a task of its own (`FinishOnDrop`),
         // and a sandbox made for a caller gone by then is destroyed
-        // (`abandoned`), not left to its TTL.
+        // (`abandoned`), not left to its TTL. A shutdown waits for that task
+        // (`wait_cleanup`), so a create cut off by the daemon's own exit
+        // still ends, and its sandbox goes.
         let (engine, orphans, caller) = (self.clone(), self.clone(), caller.clone());
+        let tracker = self.clone();
         super::finish::FinishOnDrop::new(
             async move { engine.create_sandbox(req, &caller).await },
             move |made: Result<SandboxInfo, EngineError>| {
@@ -147,6 +150,7 @@ impl SandboxApi for Engine {
                 }
             },
         )
+        .on_handover(move |task| tracker.track_cleanup(task))
         .await
     }
 

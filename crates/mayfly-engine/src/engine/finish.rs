@@ -24,6 +24,9 @@ pub(crate) struct FinishOnDrop<T: Send + 'static> {
     /// Set while the work is polled: still set in `drop`, the work itself
     /// panicked (a panic elsewhere in the caller leaves the work sound).
     in_poll: bool,
+    /// Given the task that finishes work its caller left, so a shutdown
+    /// can wait for it.
+    on_handover: Option<Box<dyn FnOnce(tokio::task::JoinHandle<()>) + Send>>,
 }
 
 impl<T: Send + 'static> FinishOnDrop<T> {
@@ -35,7 +38,17 @@ impl<T: Send + 'static> FinishOnDrop<T> {
             work: Some(Box::pin(work)),
             orphaned: Some(Box::new(orphaned)),
             in_poll: false,
+            on_handover: None,
         }
+    }
+
+    /// Hands the task that finishes work its caller left to `track`.
+    pub(crate) fn on_handover(
+        mut self,
+        track: impl FnOnce(tokio::task::JoinHandle<()>) + Send + 'static,
+    ) -> Self {
+        self.on_handover = Some(Box::new(track));
+        self
     }
 }
 
@@ -67,7 +80,10 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move { orphaned(work.await) });
+                let task = rt.spawn(async move { orphaned(work.await) });
+                if let Some(track) = self.on_handover.take() {
+                    track(task);
+                }
             }
             // Only when the runtime itself is gone: the process is ending,
             // and the next start's recovery removes what the work had made.
@@ -136,6 +152,22 @@ mod tests {
         let cut = tokio::time::timeout(Duration::from_millis(20), work).await;
         assert!(cut.is_err(), "the work finished before its gate opened");
         handed_over(gate, done).await;
+    }
+
+    #[tokio::test]
+    async fn the_task_that_finishes_left_work_is_handed_to_its_tracker() {
+        let (work, gate, done) = gated();
+        let (task_tx, task_rx) = std::sync::mpsc::channel();
+        let work = work.on_handover(move |task| task_tx.send(task).expect("the tracker"));
+        let cut = tokio::time::timeout(Duration::from_millis(20), work).await;
+        assert!(cut.is_err(), "the work finished before its gate opened");
+        let task = task_rx.try_recv().expect("the task was handed over");
+        assert!(!task.is_finished());
+        handed_over(gate, done).await;
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the task ends")
+            .expect("without a panic");
     }
 
     #[tokio::test]
