@@ -26,8 +26,8 @@ pub use engine::Admission;
 pub use engine::QuotaError;
 pub use engine::{
     check_pool_name, start_one_shot_zygote, BuildEvents, Detached, Engine, EngineConfig, Lifecycle,
-    LifecycleError, RecoveryReport, SandboxActivity, DEFAULT_MAX_COMMANDS,
-    DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
+    LifecycleError, RecoveryReport, SandboxActivity, DEFAULT_FILE_BUFFER_BYTES,
+    DEFAULT_MAX_COMMANDS, DEFAULT_REFILL_CONCURRENCY, DEFAULT_SPARE_NS_DIR, MAX_REFILL_CONCURRENCY,
 };
 pub use error::EngineError;
 pub use gateway::{

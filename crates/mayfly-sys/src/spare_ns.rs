@@ -93,18 +93,27 @@ pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
         return Err(io_err("unshare for", dir, last_errno()));
     }
     crate::net::loopback_up().map_err(|e| io_err("bringing lo up for", dir, e.source))?;
-    for (kind, _) in KINDS {
-        let file = dir.join(format!("{name}.{kind}"));
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&file)
-            .map_err(|e| io_err("creating", &file, e))?;
-        let source = format!("/proc/thread-self/ns/{kind}");
-        crate::mount::mount(Some(&source), &file, None, libc::MS_BIND, None)?;
+    let bind_all = || {
+        for (kind, _) in KINDS {
+            let file = dir.join(format!("{name}.{kind}"));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&file)
+                .map_err(|e| io_err("creating", &file, e))?;
+            let source = format!("/proc/thread-self/ns/{kind}");
+            crate::mount::mount(Some(&source), &file, None, libc::MS_BIND, None)?;
+        }
+        Ok(())
+    };
+    let made = bind_all();
+    // A set left half made would keep its first namespaces mounted, and no
+    // claim (which looks at `.net` mounts) would ever take it back.
+    if made.is_err() {
+        remove(dir, name);
     }
-    Ok(())
+    made
 }
 
 /// Opens `file` if it is an `nsfs` mount (never following a link).
@@ -305,5 +314,27 @@ mod tests {
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
         let d2 = d.clone();
         assert_eq!(on_thread(move || claim(&d2).unwrap()), 0);
+    }
+
+    #[test]
+    fn a_set_that_cannot_be_made_whole_leaves_no_mount() {
+        // SAFETY: a plain getter.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test makes namespaces and bind mounts: run it as root");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_owned();
+        // The `.ipc` file is taken, so the set fails after its `.uts` mount.
+        std::fs::write(d.join("half.ipc"), "").unwrap();
+        let d2 = d.clone();
+        assert!(on_thread(move || make(&d2, "half")).is_err());
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let left: Vec<_> = mounts
+            .lines()
+            .filter(|l| l.contains(d.to_str().unwrap()))
+            .collect();
+        assert!(left.is_empty(), "mounts left: {left:?}");
+        assert!(!d.join("half.uts").exists());
+        assert_eq!(count(&d), 0);
     }
 }

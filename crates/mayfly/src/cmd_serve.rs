@@ -34,6 +34,7 @@ pub async fn serve(cli: &Cli, a: &ServeArgs, zygote: Zygote) -> anyhow::Result<i
         history: a.history.0,
         tenant_repos: a.tenant_repos.clone(),
         max_commands: a.max_commands_per_sandbox,
+        file_buffer_bytes: a.file_buffer_bytes,
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg, zygote).context("starting the engine")?;

@@ -159,3 +159,45 @@ async fn changing_the_second_step_rebuilds_it_and_every_later_step_only() {
     assert_no_leaks(&d.state_dir, &[a.to_string(), b.to_string()]);
     assert_eq!(stored_layers(&d), 0, "layers left after the template went");
 }
+
+#[tokio::test]
+async fn a_build_whose_client_hangs_up_runs_to_its_end_and_leaves_nothing() {
+    use tokio::io::AsyncWriteExt as _;
+    let d = Daemon::start().await;
+    let name = format!("hangup-{}", std::process::id());
+    let spec =
+        format!("name: {name}\nbase: host\nsteps:\n  - run: sleep 1 && echo done > /etc/hung\n");
+    let body = serde_json::to_string(&build_req(spec, "t.yaml", None)).unwrap();
+    // A plain JSON build (no event stream), left in the middle of its step.
+    let mut s = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    let req = format!(
+        "POST /v1/templates HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    drop(s);
+    // The build runs to its end: the template is there, built.
+    let t = std::time::Instant::now();
+    let built = loop {
+        if let Ok(t) = d.client.template(&name).await {
+            break t;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "the build its client left never finished; log:\n{}",
+            d.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(built.name, name);
+    // Its sandbox is gone, all of it.
+    let all = d.client.list(true).await.expect("list");
+    let ids: Vec<String> = all.iter().map(|i| i.id.to_string()).collect();
+    assert!(
+        all.iter().all(|i| i.state.is_terminal()),
+        "a sandbox outlived the build: {all:#?}"
+    );
+    assert_no_leaks(&d.state_dir, &ids);
+}

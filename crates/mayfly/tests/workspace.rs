@@ -274,3 +274,78 @@ async fn a_bad_ref_or_repo_fails_the_create_with_a_4xx_and_leaves_nothing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
     let _ = expect_exit;
 }
+
+#[tokio::test]
+async fn a_repository_whose_tree_expands_past_the_caps_is_refused_before_checkout() {
+    let d = Daemon::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("bomb");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    // One 1 MiB blob of zeros (a few KiB stored) named 1,100 times: a tree
+    // of 1.1 GiB, past the 1 GiB a workspace may hold.
+    std::fs::write(tmp.path().join("zeros"), vec![0u8; 1 << 20]).unwrap();
+    let blob = git(
+        &repo,
+        &[
+            "hash-object",
+            "-w",
+            tmp.path().join("zeros").to_str().unwrap(),
+        ],
+    );
+    let listing: String = (0..1100)
+        .map(|i| format!("100644 blob {blob}\tf{i:04}\n"))
+        .collect();
+    let mut mktree = Command::new("git")
+        .arg("-C")
+        .arg(&repo)
+        .arg("mktree")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    mktree
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(listing.as_bytes())
+        .unwrap();
+    let out = mktree.wait_with_output().unwrap();
+    let tree = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let commit = git(&repo, &["commit-tree", &tree, "-m", "bomb"]);
+    git(&repo, &["update-ref", "refs/heads/main", &commit]);
+    let stored = dir_bytes(&repo.join(".git"));
+    assert!(
+        stored < 4 << 20,
+        "the bomb is small on disk: {stored} bytes"
+    );
+
+    let (status, c, msg) = code(d.client.create(&ws(&repo, None, None)).await);
+    assert_eq!((status, c), (400, ErrorCode::InvalidArgument), "{msg}");
+    assert!(msg.contains("more than 1073741824 bytes"), "{msg}");
+    // Nothing was checked out on the host, and nothing of the sandbox is left.
+    let tmp_left = std::fs::read_dir(d.state_dir.join("git-cache").join("tmp"))
+        .map(|r| r.count())
+        .unwrap_or(0);
+    assert_eq!(tmp_left, 0, "a checkout was left behind");
+    let all = d.client.list(true).await.expect("list");
+    let ids: Vec<String> = all.iter().map(|s| s.id.to_string()).collect();
+    assert!(all.iter().all(|s| s.state.is_terminal()), "{all:?}");
+    assert_no_leaks(&d.state_dir, &ids);
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                dir_bytes(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}

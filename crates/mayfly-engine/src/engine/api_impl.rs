@@ -1,5 +1,6 @@
 //! [`SandboxApi`] for [`Engine`]: argument checks and dispatch to the verbs.
 
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +28,19 @@ impl Engine {
     /// The sandbox's file view, opened on first use through init's root.
     fn fs(&self, id: &SandboxId) -> Result<Arc<SandboxFs>, EngineError> {
         let sb = self.lookup(id)?;
+        // A sandbox being torn down serves no more file requests.
+        if sb.is_stopping() {
+            return Err(EngineError::Conflict(format!(
+                "sandbox {id} is being destroyed"
+            )));
+        }
         Self::fs_of(&sb)
     }
 
     /// [`Engine::fs`] of a sandbox already looked up.
     pub(crate) fn fs_of(sb: &Sandbox) -> Result<Arc<SandboxFs>, EngineError> {
         let id = &sb.id;
+        let gone = || EngineError::Conflict(format!("sandbox {id} has stopped"));
         if let Some(fs) = sb.fs.get() {
             return Ok(fs.clone());
         }
@@ -40,12 +48,40 @@ impl Engine {
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(format!("/proc/{}/root", sb.init_pid))
-            .map_err(|e| EngineError::Internal(format!("opening the root of {id}: {e}")))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT | libc::ESRCH) => gone(),
+                _ => EngineError::Internal(format!("opening the root of {id}: {e}")),
+            })?;
+        // The open went by pid: only init's pidfd proves the pid was still
+        // init's (alive, or a zombie whose pid cannot be reused) when the
+        // root was opened, not a host process that took the pid after init
+        // died, whose root would be the host's.
+        let init = sb.pidfd.get_ref().as_fd();
+        if mayfly_sys::process::pidfd_send_signal(init, 0).is_err() {
+            return Err(gone());
+        }
         let fs = Arc::new(
             SandboxFs::new(root.into(), sb.uid_base, FsLimits::default())
                 .map_err(EngineError::from)?,
         );
         Ok(sb.fs.get_or_init(|| fs).clone())
+    }
+
+    /// A file answer that failed because the daemon's file buffers were
+    /// full is a 503 to retry, not the I/O error the refused write became.
+    fn over_file_budget(
+        &self,
+        r: Result<Bytes, EngineError>,
+        refused: &std::sync::atomic::AtomicBool,
+    ) -> Result<Bytes, EngineError> {
+        if r.is_err() && refused.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(EngineError::Unavailable(format!(
+                "the daemon holds its most ({} MiB) of file contents for other answers; \
+                 retry shortly",
+                self.inner.file_buffers.total() >> 20
+            )));
+        }
+        r
     }
 
     async fn with_fs<T: Send + 'static>(
@@ -331,11 +367,15 @@ impl SandboxApi for Engine {
 
     async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
         let path = path.to_owned();
-        self.with_fs(id, move |fs| {
-            fs.read(&path, mayfly_types::MAX_FILE_BYTES)
-                .map(Bytes::from)
-        })
-        .await
+        let mut buf = self.inner.file_buffers.buffer();
+        let refused = buf.refused_flag();
+        let read = self
+            .with_fs(id, move |fs| {
+                fs.read_to(&path, mayfly_types::MAX_FILE_BYTES, &mut buf)
+                    .map(|_| buf.into_bytes())
+            })
+            .await;
+        self.over_file_budget(read, &refused)
     }
 
     async fn write_file(
@@ -388,8 +428,15 @@ impl SandboxApi for Engine {
 
     async fn download_tar(&self, id: &SandboxId, path: &str) -> Result<Bytes, EngineError> {
         let path = path.to_owned();
-        self.with_fs(id, move |fs| fs.download_tar(&path).map(Bytes::from))
-            .await
+        let buf = self.inner.file_buffers.buffer();
+        let refused = buf.refused_flag();
+        let packed = self
+            .with_fs(id, move |fs| {
+                fs.download_tar_to(&path, buf, *fs.limits())
+                    .map(super::buffers::Buffer::into_bytes)
+            })
+            .await;
+        self.over_file_budget(packed, &refused)
     }
 
     async fn list_artifacts(

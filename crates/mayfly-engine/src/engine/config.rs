@@ -69,6 +69,10 @@ pub struct EngineConfig {
     /// row of the audit trail, so this bounds a live sandbox's audit; a
     /// command past it is refused, not run unaudited.
     pub max_commands: u64,
+    /// Bytes of file reads and tar downloads the daemon holds in memory at
+    /// once, over all sandboxes (see `engine::buffers`); past it such a
+    /// request answers 503.
+    pub file_buffer_bytes: u64,
 }
 
 /// [`EngineConfig::max_commands`] by default.
@@ -107,6 +111,7 @@ impl Default for EngineConfig {
             history: Some(DEFAULT_HISTORY),
             tenant_repos: Vec::new(),
             max_commands: DEFAULT_MAX_COMMANDS,
+            file_buffer_bytes: super::buffers::DEFAULT_FILE_BUFFER_BYTES,
         }
     }
 }

@@ -4,13 +4,14 @@
 mod api_impl;
 pub(crate) mod artifacts;
 mod audit;
+mod buffers;
 mod claims;
 mod config;
 mod create;
 mod destroy;
 mod early;
 mod exec;
-mod finish;
+pub(crate) mod finish;
 mod gateway;
 mod history;
 mod leases;
@@ -45,6 +46,7 @@ use mayfly_store::Store;
 use mayfly_sys::cgroup::CgroupLayout;
 use mayfly_types::SandboxId;
 
+pub use buffers::DEFAULT_FILE_BUFFER_BYTES;
 pub use config::{EngineConfig, DEFAULT_MAX_COMMANDS, DEFAULT_SPARE_NS_DIR};
 pub use early::start_one_shot_zygote;
 pub use lifecycle::{Lifecycle, LifecycleError};
@@ -85,6 +87,8 @@ struct Inner {
     recovery: RecoveryReport,
     /// Background directory removals, awaited by [`Engine::wait_cleanup`].
     cleanups: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// What file answers built in memory may hold at once.
+    file_buffers: buffers::FileBuffers,
     stubs: stubs::StubPool,
     /// Reapers being forked for a one-shot engine's sandboxes.
     reapers: std::sync::Mutex<HashMap<SandboxId, reaper::PendingReaper>>,
@@ -199,6 +203,7 @@ impl Engine {
         };
         let store = Store::open(&cfg.state_dir)?;
         let quotas = Arc::new(std::sync::Mutex::new(Engine::load_ledger(&store)?));
+        let file_buffers = buffers::FileBuffers::new(cfg.file_buffer_bytes);
         let mut inner = Inner {
             cfg,
             store,
@@ -212,6 +217,7 @@ impl Engine {
             owner,
             recovery: RecoveryReport::default(),
             cleanups: std::sync::Mutex::new(Vec::new()),
+            file_buffers,
             stubs: stubs::StubPool::default(),
             reapers: std::sync::Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),

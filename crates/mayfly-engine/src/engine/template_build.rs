@@ -281,7 +281,7 @@ impl Engine {
                     capture(&dir, &targets, uid_base, &store, &key, index)
                 })
                 .await
-                .map_err(|e| EngineError::Internal(format!("capture: {e}")))?
+                .unwrap_or_else(|e| Err(EngineError::Internal(format!("capture: {e}"))))
             }
             Err(e) => Err(e),
         };

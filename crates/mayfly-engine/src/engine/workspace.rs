@@ -62,10 +62,12 @@ impl Engine {
         };
         let tmp_root = cache.dir.join("tmp");
         let co = cache.checkout(ws, &tmp_root).await.map_err(|e| match e {
-            e @ WorkspaceError::Git { .. } => EngineError::Invalid(format!(
-                "the workspace repository `{}` could not be checked out: {e}",
-                ws.repo.chars().take(256).collect::<String>()
-            )),
+            e @ (WorkspaceError::Git { .. } | WorkspaceError::TooLarge { .. }) => {
+                EngineError::Invalid(format!(
+                    "the workspace repository `{}` could not be checked out: {e}",
+                    ws.repo.chars().take(256).collect::<String>()
+                ))
+            }
             e => EngineError::Internal(e.to_string()),
         })?;
         let fs = Self::fs_of(sb)?;

@@ -127,6 +127,16 @@ impl SandboxFs {
         ops::read(self, &SandboxPath::parse(path)?, max_bytes)
     }
 
+    /// [`SandboxFs::read`] into `out`; returns the bytes copied.
+    pub fn read_to(
+        &self,
+        path: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<u64, FilesError> {
+        ops::read_to(self, &SandboxPath::parse(path)?, max_bytes, out)
+    }
+
     /// Replaces (or creates) the regular file at `path` with `data`,
     /// atomically, owned by `uid_inside`. The mode defaults to the replaced
     /// file's, else `0o644`; setuid and setgid bits are dropped.

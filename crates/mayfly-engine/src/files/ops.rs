@@ -36,6 +36,19 @@ pub(super) fn copy_file_to(
 }
 
 pub(super) fn read(fs: &SandboxFs, p: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, FilesError> {
+    let mut data = Vec::new();
+    read_to(fs, p, max_bytes, &mut data)?;
+    Ok(data)
+}
+
+/// [`read`] into `out`; returns the bytes copied. On an error `out` may
+/// hold part of the file.
+pub(super) fn read_to(
+    fs: &SandboxFs,
+    p: &SandboxPath,
+    max_bytes: u64,
+    out: &mut dyn std::io::Write,
+) -> Result<u64, FilesError> {
     let handle = fs.handle(p, Resolve::InRoot)?;
     let st = sysfs::stat_fd(&handle, &p.rel()).map_err(|e| FilesError::fs(p, e))?;
     match st.kind {
@@ -62,18 +75,16 @@ pub(super) fn read(fs: &SandboxFs, p: &SandboxPath, max_bytes: u64) -> Result<Ve
     let file =
         sysfs::open_regular_for_read(handle.as_fd(), &p.rel()).map_err(|e| FilesError::fs(p, e))?;
     // The file may grow while we read; never take more than the limit.
-    let mut data = Vec::with_capacity(usize::try_from(st.size).unwrap_or(0));
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut data)
+    let copied = std::io::copy(&mut file.take(limit.saturating_add(1)), out)
         .map_err(|e| FilesError::data(p, e))?;
-    if data.len() as u64 > limit {
+    if copied > limit {
         return Err(FilesError::TooLarge {
             path: p.to_string(),
-            size: data.len() as u64,
+            size: copied,
             limit,
         });
     }
-    Ok(data)
+    Ok(copied)
 }
 
 pub(super) fn write(

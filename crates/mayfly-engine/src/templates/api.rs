@@ -32,7 +32,21 @@ impl TemplateApi for crate::Engine {
         caller: &Caller,
         events: Option<BuildEvents>,
     ) -> Result<TemplateInfo, EngineError> {
-        self.build_template(req, caller, events).await
+        // A build boots a sandbox, runs steps in it and captures its layer:
+        // one its caller leaves (a client hanging up, a daemon shutting
+        // down with the request in flight) runs to its end in a task the
+        // shutdown waits for, as a create does, so its sandbox is always
+        // destroyed and never left stopping or creating.
+        let (engine, tracker, caller) = (self.clone(), self.clone(), caller.clone());
+        crate::engine::finish::FinishOnDrop::new(
+            async move { engine.build_template(req, &caller, events).await },
+            |built: Result<TemplateInfo, EngineError>| match built {
+                Ok(t) => tracing::info!(template = %t.name, "built after its caller left"),
+                Err(e) => tracing::info!(error = %e, "a build its caller left failed"),
+            },
+        )
+        .on_handover(move |task| tracker.track_cleanup(task))
+        .await
     }
 
     async fn template_list(&self) -> Result<Vec<TemplateInfo>, EngineError> {

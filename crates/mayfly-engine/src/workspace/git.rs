@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 use crate::artifacts::store::hex;
 
 /// How long one git command may run (a fetch of a large repository).
-const GIT_TIMEOUT: Duration = Duration::from_secs(300);
+pub(super) const GIT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a create waits for another create's fetch of the same repo.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -30,12 +30,18 @@ pub enum WorkspaceError {
     },
     #[error("waiting for the git cache lock of {path} timed out")]
     Locked { path: PathBuf },
+    /// The tree to check out is past a workspace's caps.
+    #[error("its tree holds {what}, more than a workspace may hold")]
+    TooLarge { what: String },
 }
 
 impl WorkspaceError {
     /// True when the create's request is at fault (a 4xx).
     pub fn is_caller_error(&self) -> bool {
-        matches!(self, WorkspaceError::Git { .. })
+        matches!(
+            self,
+            WorkspaceError::Git { .. } | WorkspaceError::TooLarge { .. }
+        )
     }
 }
 
@@ -202,6 +208,14 @@ impl GitCache {
                 ws.git_ref.as_deref().unwrap_or("HEAD")
             ),
         })?;
+        let caps = crate::files::FsLimits::default();
+        super::size::check(
+            &mirror,
+            &start_commit,
+            caps.max_archive_bytes,
+            caps.max_entries,
+        )
+        .await?;
         std::fs::create_dir_all(tmp_root).map_err(host(tmp_root))?;
         let tmp = tempfile::Builder::new()
             .prefix("ws-")

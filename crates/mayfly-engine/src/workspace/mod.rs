@@ -13,6 +13,7 @@
 //! repository that is broken inside it.
 
 pub mod git;
+mod size;
 pub mod validate;
 
 pub use git::{Checkout, GitCache, WorkspaceError};

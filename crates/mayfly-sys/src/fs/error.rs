@@ -73,7 +73,9 @@ impl FsError {
             Errno::EROFS => FsError::ReadOnly { op, path },
             Errno::ENAMETOOLONG => FsError::NameTooLong { op, path },
             Errno::ENOSPC | Errno::EDQUOT => FsError::NoSpace { op, path },
-            Errno::EBUSY => FsError::Busy { op, path },
+            // EAGAIN (EWOULDBLOCK): a lease the sandbox holds on the file,
+            // or lookups that kept racing renames; the caller may retry.
+            Errno::EBUSY | Errno::EAGAIN => FsError::Busy { op, path },
             Errno::EINVAL => FsError::Invalid { op, path },
             Errno::EOVERFLOW => FsError::UnmappedCreator { op, path },
             errno => FsError::Os { op, path, errno },

@@ -163,7 +163,13 @@ fn openat2_retrying(
     let mut tries = 0;
     loop {
         match nix::fcntl::openat2(dirfd, path, how) {
-            Err(Errno::EAGAIN) if tries < EAGAIN_RETRIES => tries += 1,
+            Err(Errno::EAGAIN) if tries < EAGAIN_RETRIES => {
+                tries += 1;
+                // Past a few, let the renamer run rather than spin with it.
+                if tries > 8 {
+                    std::thread::yield_now();
+                }
+            }
             Err(Errno::EINTR) => {}
             other => return other.map_err(|e| FsError::from_errno(e, op, shown(path))),
         }

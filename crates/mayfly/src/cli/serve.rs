@@ -42,6 +42,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = mayfly_engine::DEFAULT_MAX_COMMANDS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_commands_per_sandbox: u64,
+    /// Bytes of file reads and tar downloads the daemon holds in memory at
+    /// once, over all sandboxes (each is built whole before it is sent);
+    /// past it such a request answers 503 and may be retried.
+    #[arg(long, default_value_t = mayfly_engine::DEFAULT_FILE_BUFFER_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub file_buffer_bytes: u64,
     /// A static DNS table for sandboxes' resolver, `/etc/hosts` format
     /// (`ADDRESS NAME…`), looked at before the host's resolver.
     #[arg(long)]

@@ -1,0 +1,163 @@
+//! The daemon's budget for file contents it holds in memory: a file read
+//! (`GET …/files`, up to 1 GiB) or a tar download (`GET …/archive`) is
+//! built whole before it is answered. Code in a sandbox can make a 1 GiB
+//! file cost nothing on disk (`truncate -s 1G`), so without a budget a few
+//! concurrent reads would hold gigabytes of the host-root daemon's memory.
+//! Every such buffer reserves its bytes here as it grows, in 1 MiB steps,
+//! and gives them back when its answer has been sent (the reservation is
+//! the owner of the answer's [`Bytes`]); past the budget a request is
+//! refused (503, retry later), never queued behind a slow reader.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// One permit is this many bytes.
+const UNIT: u64 = 1 << 20;
+
+/// Bytes the daemon holds for file answers by default: two of the largest
+/// files at once.
+pub const DEFAULT_FILE_BUFFER_BYTES: u64 = 2 * mayfly_types::MAX_FILE_BYTES;
+
+/// The budget (see the module documentation).
+#[derive(Debug, Clone)]
+pub(crate) struct FileBuffers {
+    units: Arc<Semaphore>,
+    total: u64,
+}
+
+impl FileBuffers {
+    pub(crate) fn new(bytes: u64) -> Self {
+        let units = bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS as u64);
+        FileBuffers {
+            units: Arc::new(Semaphore::new(units as usize)),
+            total: units * UNIT,
+        }
+    }
+
+    /// An empty buffer charged to this budget.
+    pub(crate) fn buffer(&self) -> Buffer {
+        Buffer {
+            data: Vec::new(),
+            held: None,
+            held_bytes: 0,
+            budget: self.clone(),
+            refused: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+}
+
+/// A growing buffer whose bytes are reserved from a [`FileBuffers`].
+#[derive(Debug)]
+pub(crate) struct Buffer {
+    data: Vec<u8>,
+    held: Option<OwnedSemaphorePermit>,
+    held_bytes: u64,
+    budget: FileBuffers,
+    refused: Arc<AtomicBool>,
+}
+
+impl Buffer {
+    /// Set once a write was refused for want of budget; a copy the caller
+    /// keeps, as the buffer itself may be lost with the error.
+    pub(crate) fn refused_flag(&self) -> Arc<AtomicBool> {
+        self.refused.clone()
+    }
+
+    /// The contents, still holding their reservation until dropped.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        let Buffer { data, held, .. } = self;
+        Bytes::from_owner(Held { data, _held: held })
+    }
+
+    fn reserve(&mut self, more: usize) -> io::Result<()> {
+        let need = (self.data.len() + more) as u64;
+        if need <= self.held_bytes {
+            return Ok(());
+        }
+        let units = (need - self.held_bytes).div_ceil(UNIT);
+        let permit = u32::try_from(units)
+            .ok()
+            .and_then(|n| self.budget.units.clone().try_acquire_many_owned(n).ok());
+        let Some(permit) = permit else {
+            self.refused.store(true, Ordering::Relaxed);
+            return Err(io::Error::other("over the daemon's file buffer budget"));
+        };
+        match &mut self.held {
+            Some(held) => held.merge(permit),
+            None => self.held = Some(permit),
+        }
+        self.held_bytes += units * UNIT;
+        Ok(())
+    }
+}
+
+impl io::Write for Buffer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.reserve(buf.len())?;
+        self.data.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a [`Bytes`] from [`Buffer::into_bytes`] owns.
+struct Held {
+    data: Vec<u8>,
+    _held: Option<OwnedSemaphorePermit>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_buffer_holds_its_bytes_until_its_answer_is_dropped() {
+        let budget = FileBuffers::new(3 * UNIT);
+        let mut a = budget.buffer();
+        a.write_all(&vec![1u8; 2 * UNIT as usize]).unwrap();
+        // Only one unit is left: a second buffer of two is refused.
+        let mut b = budget.buffer();
+        let flag = b.refused_flag();
+        assert!(b.write_all(&vec![2u8; 2 * UNIT as usize]).is_err());
+        assert!(flag.load(Ordering::Relaxed));
+        let bytes = a.into_bytes();
+        assert_eq!(bytes.len(), 2 * UNIT as usize);
+        assert!(bytes.iter().all(|&x| x == 1));
+        assert_eq!(budget.units.available_permits(), 1, "held by the answer");
+        drop(bytes);
+        assert_eq!(budget.units.available_permits(), 3);
+        let mut c = budget.buffer();
+        c.write_all(&vec![3u8; 3 * UNIT as usize]).unwrap();
+        assert!(!c.refused_flag().load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn small_writes_reserve_in_whole_units() {
+        let budget = FileBuffers::new(UNIT);
+        let mut a = budget.buffer();
+        for _ in 0..1024 {
+            a.write_all(&[0u8; 1024]).unwrap();
+        }
+        assert!(a.write_all(&[0u8]).is_err(), "one byte past the budget");
+        assert_eq!(budget.total(), UNIT);
+    }
+}
