@@ -28,6 +28,9 @@ use nix::unistd::{fchownat, FchownatFlags, Gid, Uid};
 pub struct CaptureLimits {
     pub max_entries: u64,
     pub max_depth: usize,
+    /// Bytes of file data (holes are not data: a sparse file is copied
+    /// sparse) one capture may write.
+    pub max_bytes: u64,
 }
 
 /// What a capture copied.
@@ -52,6 +55,8 @@ pub enum CaptureError {
     TooManyEntries(u64),
     #[error("the layer nests deeper than {0} directories")]
     TooDeep(usize),
+    #[error("the layer holds more than {0} bytes of file data")]
+    TooLarge(u64),
 }
 
 const OPAQUE: &str = "trusted.overlay.opaque";
@@ -174,21 +179,36 @@ impl Walk<'_> {
                     }
                     self.links.insert(key, to.to_path_buf());
                 }
+                // Non-blocking, then checked again: a name swapped for a
+                // FIFO after the stat is never waited on, nor copied.
                 let fd = openat(
                     parent,
                     name,
-                    OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
+                    OFlag::O_RDONLY
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC
+                        | OFlag::O_NOCTTY
+                        | OFlag::O_NONBLOCK,
                     Mode::empty(),
                 )
                 .map_err(errno_at(to))?;
                 let mut from = std::fs::File::from(fd);
+                if !from.metadata().map_err(io_at(to))?.is_file() {
+                    self.stats.skipped += 1;
+                    return Ok(());
+                }
                 let mut out = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode(0o600)
                     .open(to)
                     .map_err(io_at(to))?;
-                self.stats.bytes += copy(&mut from, &mut out).map_err(io_at(to))?;
+                let room = self.limits.max_bytes.saturating_sub(self.stats.bytes);
+                self.stats.bytes += match copy_sparse(&mut from, &mut out, room) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => return Err(CaptureError::TooLarge(self.limits.max_bytes)),
+                    Err(e) => return Err(io_at(to)(e)),
+                };
                 out.flush().map_err(io_at(to))?;
                 // Ownership first: chown clears setuid and setgid bits.
                 fchownat(
@@ -229,17 +249,48 @@ impl Walk<'_> {
     }
 }
 
-fn copy(from: &mut std::fs::File, to: &mut std::fs::File) -> std::io::Result<u64> {
+/// Copies the data of `from` into `to` and leaves its holes holes
+/// (`SEEK_DATA`/`SEEK_HOLE`), so a file with a huge apparent size costs
+/// the layer only its data. Returns the data bytes copied, or `None` past
+/// `room` of them.
+fn copy_sparse(
+    from: &mut std::fs::File,
+    to: &mut std::fs::File,
+    room: u64,
+) -> std::io::Result<Option<u64>> {
+    use nix::unistd::{lseek, Whence};
+    use std::io::{Seek, SeekFrom};
+    let len = from.metadata()?.len();
     let mut buf = vec![0u8; 128 * 1024];
-    let mut n = 0u64;
+    let (mut pos, mut copied) = (0i64, 0u64);
     loop {
-        let k = from.read(&mut buf)?;
-        if k == 0 {
-            return Ok(n);
+        let data = match lseek(from.as_fd(), pos, Whence::SeekData) {
+            Ok(d) => d,
+            // No data past `pos`: the rest is a hole.
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(from.as_fd(), data, Whence::SeekHole)?;
+        from.seek(SeekFrom::Start(data as u64))?;
+        to.seek(SeekFrom::Start(data as u64))?;
+        let mut left = (hole - data) as u64;
+        while left > 0 {
+            let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let k = from.read(&mut buf[..want])?;
+            if k == 0 {
+                break;
+            }
+            copied += k as u64;
+            if copied > room {
+                return Ok(None);
+            }
+            to.write_all(&buf[..k])?;
+            left -= k as u64;
         }
-        to.write_all(&buf[..k])?;
-        n += k as u64;
+        pos = hole;
     }
+    to.set_len(len)?;
+    Ok(Some(copied))
 }
 
 /// Copies the opaque mark of the directory `fd` onto `dst`.
@@ -309,9 +360,15 @@ mod tests {
         std::fs::create_dir(s.join("opaque")).unwrap();
         set_opaque(&s.join("opaque")).unwrap();
         std::fs::write(s.join("outsider"), "x").unwrap();
+        // A file of 1 TiB apparent size and 5 bytes of data.
+        let sparse = std::fs::File::create(s.join("sparse")).unwrap();
+        sparse.set_len(1 << 40).unwrap();
+        std::os::unix::fs::FileExt::write_at(&sparse, b"tail!", (1 << 30) + 7).unwrap();
+        drop(sparse);
         let limits = CaptureLimits {
             max_entries: 100,
             max_depth: 8,
+            max_bytes: 1 << 20,
         };
         let st = capture_upper(s, dst.path(), base, &limits).unwrap();
         let d = dst.path();
@@ -328,9 +385,26 @@ mod tests {
         // Host root's file is outside the sandbox's range.
         assert_eq!(std::fs::metadata(d.join("outsider")).unwrap().uid(), NOBODY);
         assert_eq!(st.whiteouts, 1);
+        // Copied sparse: the same size and data, a few blocks on disk.
+        let m = std::fs::metadata(d.join("sparse")).unwrap();
+        assert_eq!(m.len(), 1 << 40);
+        assert!(m.blocks() < 64, "{} blocks", m.blocks());
+        let mut tail = [0u8; 5];
+        let f = std::fs::File::open(d.join("sparse")).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut tail, (1 << 30) + 7).unwrap();
+        assert_eq!(&tail, b"tail!");
+        // Data past the byte cap fails the capture.
+        std::fs::write(s.join("big"), vec![1u8; 2 << 20]).unwrap();
+        let over = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            capture_upper(s, over.path(), base, &limits),
+            Err(CaptureError::TooLarge(_))
+        ));
+        std::fs::remove_file(s.join("big")).unwrap();
         let tight = CaptureLimits {
             max_entries: 2,
             max_depth: 8,
+            max_bytes: 1 << 20,
         };
         let again = tempfile::tempdir().unwrap();
         assert!(matches!(

@@ -201,3 +201,38 @@ async fn a_build_whose_client_hangs_up_runs_to_its_end_and_leaves_nothing() {
     );
     assert_no_leaks(&d.state_dir, &ids);
 }
+
+#[tokio::test]
+async fn a_step_that_writes_a_huge_sparse_file_makes_a_sparse_layer() {
+    let d = Daemon::start().await;
+    let name = format!("sparse-{}", std::process::id());
+    // 20 GiB of apparent size, two bytes of data at its end.
+    let spec = format!(
+        "name: {name}\nbase: host\nsteps:\n  - run: truncate -s 20G /var/tmp/huge && echo x >> /var/tmp/huge\n"
+    );
+    let t = std::time::Instant::now();
+    let (built, _) = build_streamed(&d, &build_req(spec, "t.yaml", None)).await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(built.name, name);
+    let out = std::process::Command::new("du")
+        .args(["-sk"])
+        .arg(&d.state_dir)
+        .output()
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(kib < 200 * 1024, "the state directory holds {kib} KiB");
+    let sb = d.create_with(&named(&name)).await;
+    let size = d.sh(&sb.id, "stat -c %s /var/tmp/huge").await;
+    assert_eq!(size.trim(), ((20u64 << 30) + 2).to_string());
+    assert_eq!(d.sh(&sb.id, "tail -c 2 /var/tmp/huge").await, "x\n");
+    destroy_all(&d, None, std::slice::from_ref(&sb.id)).await;
+}

@@ -28,6 +28,10 @@ pub type BuildEvents = tokio::sync::mpsc::UnboundedSender<BuildProgress>;
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Output of a failed step quoted in its error.
 const FAILED_TAIL: usize = 2048;
+/// Bytes of file data one build step's layer may hold (holes excluded: a
+/// sparse file is kept sparse), so a step cannot fill the host's disk by
+/// writing a huge file into its upper.
+pub(crate) const MAX_LAYER_BYTES: u64 = 64 << 30;
 
 /// The layers built so far, the last one's key and the step settings.
 pub(super) struct Chain {
@@ -357,6 +361,7 @@ fn capture(
     let limits = mayfly_sys::capture::CaptureLimits {
         max_entries: 2_000_000,
         max_depth: 256,
+        max_bytes: MAX_LAYER_BYTES,
     };
     for (i, target) in targets.iter().enumerate() {
         let upper = dir.join(format!("upper{i}"));

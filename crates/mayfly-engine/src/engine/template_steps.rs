@@ -196,6 +196,7 @@ fn make_copy_layer(
     let limits = mayfly_sys::capture::CaptureLimits {
         max_entries: MAX_COPY_ENTRIES,
         max_depth: 128,
+        max_bytes: super::template_build::MAX_LAYER_BYTES,
     };
     let meta = std::fs::symlink_metadata(src).map_err(|e| e.to_string())?;
     if meta.is_dir() {

@@ -33,6 +33,14 @@ impl From<TemplatesError> for EngineError {
             | TemplatesError::StepFailed { .. }
             | TemplatesError::Copy { .. } => EngineError::Invalid(e.to_string()),
             TemplatesError::Image(ref i) if i.is_input() => EngineError::Invalid(e.to_string()),
+            // A step that left a layer past the caps is the template's fault.
+            TemplatesError::Capture {
+                source:
+                    mayfly_sys::capture::CaptureError::TooManyEntries(_)
+                    | mayfly_sys::capture::CaptureError::TooDeep(_)
+                    | mayfly_sys::capture::CaptureError::TooLarge(_),
+                ..
+            } => EngineError::Invalid(e.to_string()),
             other => EngineError::Internal(other.to_string()),
         }
     }
