@@ -371,8 +371,10 @@ impl SandboxApi for Engine {
         let refused = buf.refused_flag();
         let read = self
             .with_fs(id, move |fs| {
-                fs.read_to(&path, mayfly_types::MAX_FILE_BYTES, &mut buf)
-                    .map(|_| buf.into_bytes())
+                fs.read_with(&path, mayfly_types::MAX_FILE_BYTES, |r, size| {
+                    buf.fill_from(r, size)
+                })
+                .map(|_| buf.into_bytes())
             })
             .await;
         self.over_file_budget(read, &refused)

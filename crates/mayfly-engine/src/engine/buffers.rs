@@ -77,6 +77,32 @@ impl Buffer {
         Bytes::from_owner(Held { data, _held: held })
     }
 
+    /// Reads `r` to its end straight into the buffer (one copy, where
+    /// `io::copy` through `Write` makes two), reserving `size` (what the
+    /// file held when opened) first, then whatever it grew by.
+    pub(crate) fn fill_from(&mut self, r: &mut dyn io::Read, size: u64) -> io::Result<u64> {
+        use io::Read as _;
+        self.reserve(usize::try_from(size).unwrap_or(usize::MAX))?;
+        self.data.reserve(usize::try_from(size).unwrap_or(0));
+        let mut total = <&mut dyn io::Read as io::Read>::take(&mut *r, size)
+            .read_to_end(&mut self.data)? as u64;
+        // Past its size the file grew: read on, a chunk at a time, each
+        // reserved before it is kept.
+        let mut chunk = [0u8; 8192];
+        loop {
+            let n = match r.read(&mut chunk) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Ok(total);
+            }
+            io::Write::write_all(self, &chunk[..n])?;
+            total += n as u64;
+        }
+    }
+
     fn reserve(&mut self, more: usize) -> io::Result<()> {
         let need = (self.data.len() + more) as u64;
         if need <= self.held_bytes {
@@ -148,6 +174,26 @@ mod tests {
         let mut c = budget.buffer();
         c.write_all(&vec![3u8; 3 * UNIT as usize]).unwrap();
         assert!(!c.refused_flag().load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn a_fill_reserves_the_files_size_and_what_it_grew_by() {
+        let budget = FileBuffers::new(3 * UNIT);
+        let mut a = budget.buffer();
+        let data = vec![7u8; 2 * UNIT as usize];
+        let n = a.fill_from(&mut &data[..], 2 * UNIT).unwrap();
+        assert_eq!(n, 2 * UNIT);
+        assert_eq!(budget.units.available_permits(), 1, "no unit for the end");
+        // A file that grew past its size at the open is reserved as read.
+        let mut b = budget.buffer();
+        let grown = vec![1u8; UNIT as usize + 1];
+        assert!(b.fill_from(&mut &grown[..], 10).is_err(), "past the budget");
+        assert!(b.refused_flag().load(Ordering::Relaxed));
+        drop(a);
+        drop(b);
+        let mut c = budget.buffer();
+        assert_eq!(c.fill_from(&mut &grown[..], 10).unwrap(), UNIT + 1);
+        assert_eq!(c.into_bytes().len(), UNIT as usize + 1);
     }
 
     #[test]

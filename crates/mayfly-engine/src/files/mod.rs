@@ -127,14 +127,16 @@ impl SandboxFs {
         ops::read(self, &SandboxPath::parse(path)?, max_bytes)
     }
 
-    /// [`SandboxFs::read`] into `out`; returns the bytes copied.
-    pub fn read_to(
+    /// Opens the regular file at `path` as [`SandboxFs::read`] does and
+    /// hands `f` a reader of it (at most `max_bytes` plus one: more fails
+    /// the read) and its size at the open.
+    pub fn read_with<T>(
         &self,
         path: &str,
         max_bytes: u64,
-        out: &mut dyn std::io::Write,
-    ) -> Result<u64, FilesError> {
-        ops::read_to(self, &SandboxPath::parse(path)?, max_bytes, out)
+        f: impl FnOnce(&mut dyn std::io::Read, u64) -> std::io::Result<T>,
+    ) -> Result<T, FilesError> {
+        ops::read_with(self, &SandboxPath::parse(path)?, max_bytes, f)
     }
 
     /// Replaces (or creates) the regular file at `path` with `data`,

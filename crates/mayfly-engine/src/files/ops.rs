@@ -36,19 +36,22 @@ pub(super) fn copy_file_to(
 }
 
 pub(super) fn read(fs: &SandboxFs, p: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, FilesError> {
-    let mut data = Vec::new();
-    read_to(fs, p, max_bytes, &mut data)?;
-    Ok(data)
+    read_with(fs, p, max_bytes, |r, size| {
+        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        r.read_to_end(&mut data)?;
+        Ok(data)
+    })
 }
 
-/// [`read`] into `out`; returns the bytes copied. On an error `out` may
-/// hold part of the file.
-pub(super) fn read_to(
+/// Opens the regular file `p` (of at most `max_bytes`, and at most
+/// `max_file_bytes`) and hands `f` a reader of it and its size at the
+/// open; what `f` reads past the limit (the file grew) fails the read.
+pub(super) fn read_with<T>(
     fs: &SandboxFs,
     p: &SandboxPath,
     max_bytes: u64,
-    out: &mut dyn std::io::Write,
-) -> Result<u64, FilesError> {
+    f: impl FnOnce(&mut dyn Read, u64) -> std::io::Result<T>,
+) -> Result<T, FilesError> {
     let handle = fs.handle(p, Resolve::InRoot)?;
     let st = sysfs::stat_fd(&handle, &p.rel()).map_err(|e| FilesError::fs(p, e))?;
     match st.kind {
@@ -75,16 +78,16 @@ pub(super) fn read_to(
     let file =
         sysfs::open_regular_for_read(handle.as_fd(), &p.rel()).map_err(|e| FilesError::fs(p, e))?;
     // The file may grow while we read; never take more than the limit.
-    let copied = std::io::copy(&mut file.take(limit.saturating_add(1)), out)
-        .map_err(|e| FilesError::data(p, e))?;
-    if copied > limit {
+    let mut from = file.take(limit.saturating_add(1));
+    let out = f(&mut from, st.size).map_err(|e| FilesError::data(p, e))?;
+    if from.limit() == 0 {
         return Err(FilesError::TooLarge {
             path: p.to_string(),
-            size: copied,
+            size: limit.saturating_add(1),
             limit,
         });
     }
-    Ok(copied)
+    Ok(out)
 }
 
 pub(super) fn write(
