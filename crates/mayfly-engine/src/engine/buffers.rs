@@ -3,7 +3,8 @@
 //! built whole before it is answered. Code in a sandbox can make a 1 GiB
 //! file cost nothing on disk (`truncate -s 1G`), so without a budget a few
 //! concurrent reads would hold gigabytes of the host-root daemon's memory.
-//! Every such buffer reserves its bytes here as it grows, in 1 MiB steps,
+//! Every such buffer reserves its bytes here (a read: the file's size, then
+//! what it grew by; a tar: as it grows, in 1 MiB steps),
 //! and gives them back when its answer has been sent (the reservation is
 //! the owner of the answer's [`Bytes`]); past the budget a request is
 //! refused (503, retry later), never queued behind a slow reader.
