@@ -290,8 +290,15 @@ async fn serve_detached(d: &Daemon, id: &SandboxId, port: u16) {
         )
         .await
         .expect("writing server.py");
-    let line =
-        format!("setsid -f python3 /workspace/server.py inside {port} </dev/null >/dev/null 2>&1");
+    // The command waits until the server listens: its session is killed
+    // when it ends, and `setsid -f`'s child may not have left it yet.
+    let line = format!(
+        "setsid -f python3 /workspace/server.py inside {port} </dev/null >/dev/null 2>&1\n\
+         python3 -c \"import socket, time\n\
+         for _ in range(600):\n    \
+         try:\n        socket.create_connection(('127.0.0.1', {port}), 0.2); break\n    \
+         except OSError: time.sleep(0.05)\""
+    );
     let r = d.client.exec(id, &cmd(&["sh", "-c", &line])).await;
     assert_eq!(r.expect("exec").status.exit_code, Some(0));
     let deadline = Instant::now() + Duration::from_secs(30);
