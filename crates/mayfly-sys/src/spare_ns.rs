@@ -87,6 +87,26 @@ pub fn make(dir: &Path, name: &str) -> Result<(), SpareNsError> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| io_err("creating", dir, e))?;
+    // Held while the set is made: a maker killed halfway leaves its lock
+    // free, and [`sweep`] takes its part-made set down.
+    let lock_path = dir.join(format!("{name}.lock"));
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| io_err("creating", &lock_path, e))?;
+    lock.try_lock()
+        .map_err(|e| io_err("locking", &lock_path, std::io::Error::other(e)))?;
+    let made = make_locked(dir, name);
+    // Removed while still held, so a sweeper that gets the lock next finds
+    // the path gone and leaves the (complete) set alone.
+    let _ = std::fs::remove_file(&lock_path);
+    drop(lock);
+    made
+}
+
+fn make_locked(dir: &Path, name: &str) -> Result<(), SpareNsError> {
     let flags = KINDS.iter().fold(0, |f, (_, k)| f | k);
     // SAFETY: plain syscall with integer flags.
     if unsafe { libc::unshare(flags) } < 0 {
@@ -219,6 +239,62 @@ pub fn remove(dir: &Path, name: &str) {
     }
 }
 
+/// Takes down what makers and claimers killed halfway left in `dir`: sets
+/// whose maker's lock is free (it died before it finished), and
+/// `.uts`/`.ipc` mounts with neither a `.net` file nor a lock (their
+/// claimer died between its unmounts). Without this, such mounts (and the
+/// namespaces they hold) would last until `mayfly prune`. Complete spares,
+/// and sets whose maker is still at work, are left alone; a claimer that
+/// loses a part to this sweep drops that set and takes another.
+pub fn sweep(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    let has = |p: &Path| files.iter().any(|f| f == p);
+    for file in &files {
+        let Some(ext) = file.extension().and_then(|x| x.to_str()) else {
+            continue;
+        };
+        match ext {
+            "lock" if maker_died(file) => {
+                if let Some(name) = file.file_stem().and_then(|n| n.to_str()) {
+                    remove(dir, name);
+                }
+                let _ = std::fs::remove_file(file);
+            }
+            "uts" | "ipc"
+                if !has(&file.with_extension("net")) && !has(&file.with_extension("lock")) =>
+            {
+                drop(take(file));
+                let _ = std::fs::remove_file(file);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether the maker behind lock file `path` has died: its lock is free
+/// and the path is still the file locked (a maker that finished removes
+/// the path before it lets the lock go).
+fn maker_died(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    else {
+        return false;
+    };
+    if file.try_lock().is_err() {
+        return false;
+    }
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
+        _ => false,
+    }
+}
+
 /// Unmounts and removes everything in `dir`, complete spares and parts of
 /// ones whose maker died; for tests and for tearing a host's spares down.
 pub fn drain(dir: &Path) {
@@ -241,6 +317,26 @@ mod tests {
         std::fs::metadata(path).unwrap().ino()
     }
 
+    /// A root-only test's directory. Whatever happens, no mount outlives
+    /// the test: it is drained when dropped.
+    struct Scratch(tempfile::TempDir);
+
+    impl Scratch {
+        fn new() -> Self {
+            // SAFETY: a plain getter.
+            if unsafe { libc::geteuid() } != 0 {
+                panic!("this test makes namespaces and bind mounts: run it as root");
+            }
+            Self(tempfile::tempdir().unwrap())
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            drain(self.0.path());
+        }
+    }
+
     /// Namespaces are per thread: each step runs on a thread of its own,
     /// so the test process's own namespaces never change.
     fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -249,20 +345,8 @@ mod tests {
 
     #[test]
     fn a_spare_is_joined_once_and_links_to_other_namespaces_are_refused() {
-        // SAFETY: a plain getter.
-        if unsafe { libc::geteuid() } != 0 {
-            panic!("this test makes namespaces and bind mounts: run it as root");
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_owned();
-        // Whatever happens, no mount outlives the test.
-        struct Drain(PathBuf);
-        impl Drop for Drain {
-            fn drop(&mut self) {
-                drain(&self.0);
-            }
-        }
-        let _drain = Drain(d.clone());
+        let scratch = Scratch::new();
+        let d = scratch.0.path().to_owned();
         // Links to the host's own namespaces are not spares.
         for kind in ["uts", "ipc", "net"] {
             std::os::unix::fs::symlink(
@@ -316,23 +400,79 @@ mod tests {
         assert_eq!(on_thread(move || claim(&d2).unwrap()), 0);
     }
 
+    /// Binds this thread's namespace of `kind` onto `dir/file`.
+    fn bind(d: &Path, file: &str, kind: &str) {
+        let file = d.join(file);
+        std::fs::write(&file, "").unwrap();
+        let src = format!("/proc/thread-self/ns/{kind}");
+        crate::mount::mount(Some(&src), &file, None, libc::MS_BIND, None)
+            .unwrap_or_else(|e| panic!("binding {kind}: {e}"));
+    }
+
+    fn mounts_under(d: &Path) -> Vec<String> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        mounts
+            .lines()
+            .filter(|l| l.contains(d.to_str().unwrap()))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_sweep_takes_down_what_killed_makers_and_claimers_left_and_nothing_else() {
+        let scratch = Scratch::new();
+        let d = scratch.0.path().to_owned();
+        // A complete spare.
+        let d2 = d.clone();
+        on_thread(move || make(&d2, "whole").unwrap());
+        // A maker killed after its first mount: its lock is free.
+        std::fs::write(d.join("dead.lock"), "").unwrap();
+        bind(&d, "dead.uts", "uts");
+        // A claimer killed between its unmounts: `.uts` and `.ipc` left,
+        // with no `.net` and no lock.
+        bind(&d, "orphan.uts", "uts");
+        bind(&d, "orphan.ipc", "ipc");
+        // A maker still at work: it holds its lock.
+        let busy = std::fs::File::create(d.join("busy.lock")).unwrap();
+        busy.try_lock().unwrap();
+        bind(&d, "busy.uts", "uts");
+
+        sweep(&d);
+        let mut left: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "busy.lock",
+                "busy.uts",
+                "whole.ipc",
+                "whole.net",
+                "whole.uts"
+            ]
+        );
+        assert_eq!(mounts_under(&d).len(), 4, "{:?}", mounts_under(&d));
+        assert_eq!(count(&d), 1);
+        // The busy maker dies (its lock is let go, its file stays).
+        drop(busy);
+        sweep(&d);
+        assert!(!d.join("busy.uts").exists() && !d.join("busy.lock").exists());
+        assert_eq!(mounts_under(&d).len(), 3, "{:?}", mounts_under(&d));
+        assert_eq!(count(&d), 1);
+    }
+
     #[test]
     fn a_set_that_cannot_be_made_whole_leaves_no_mount() {
-        // SAFETY: a plain getter.
-        if unsafe { libc::geteuid() } != 0 {
-            panic!("this test makes namespaces and bind mounts: run it as root");
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_owned();
+        let scratch = Scratch::new();
+        let d = scratch.0.path().to_owned();
         // The `.ipc` file is taken, so the set fails after its `.uts` mount.
         std::fs::write(d.join("half.ipc"), "").unwrap();
         let d2 = d.clone();
         assert!(on_thread(move || make(&d2, "half")).is_err());
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let left: Vec<_> = mounts
-            .lines()
-            .filter(|l| l.contains(d.to_str().unwrap()))
-            .collect();
+        let left = mounts_under(&d);
         assert!(left.is_empty(), "mounts left: {left:?}");
         assert!(!d.join("half.uts").exists());
         assert_eq!(count(&d), 0);

@@ -189,6 +189,11 @@ pub async fn run_local(
     )
     .await;
     tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "command done");
+    // Killed by SIGKILL: say so if it was the OOM killer (the record and
+    // its `oom_kill` events say it too).
+    if matches!(result, Ok(137)) && engine.oom_killed(&sb.id) {
+        eprintln!("mayfly: the OOM killer killed in the sandbox (it reached its memory limit)");
+    }
     // Every process of the sandbox is sent SIGKILL before this returns; a
     // detached reaper removes its directories and cgroups and records it
     // destroyed (`mayfly ps` shows it `stopping` until then).

@@ -280,3 +280,48 @@ fn a_daemonless_run_ends_at_its_ttl() {
     );
     assert_runs_cleaned(&dir);
 }
+
+/// A daemonless run whose sandbox's init the OOM killer takes is recorded
+/// as ended by `oom` (not as a run that died, `owner_died`), and one whose
+/// command alone it kills keeps `user` with an `oom_kill` event. Both runs
+/// say so, exit 137 and leave nothing behind.
+#[test]
+fn a_daemonless_run_killed_by_the_oom_killer_says_so_and_is_recorded() {
+    common::require_root();
+    let dir = test_dir();
+    // Init first in the OOM killer's eyes (raising a score needs no
+    // privilege), then eight 6 MiB hogs against a 32 MiB limit.
+    let hogs = "echo 1000 > /proc/1/oom_score_adj; for i in 1 2 3 4 5 6 7 8; do python3 -c \
+        'import time; b = bytearray(b\"x\") * (6 << 20); time.sleep(60)' & done; wait";
+    let out = daemonless(&dir, &["run", "--memory", "32m", "--", "sh", "-c", hogs]);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("OOM killer"),
+        "{}",
+        text(&out.stderr)
+    );
+    let big = "b = bytearray(b'x') * (64 << 20)";
+    let out = daemonless(
+        &dir,
+        &["run", "--memory", "32m", "--", "python3", "-c", big],
+    );
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("OOM killer"),
+        "{}",
+        text(&out.stderr)
+    );
+    let records = daemonless::assert_runs_ended_as(&dir, &["oom", "user"]);
+    let store = mayfly_store::Store::open(&dir.path().join("state")).expect("opening the store");
+    let events = store.events(0, 1000).expect("events");
+    for r in &records {
+        assert!(
+            events
+                .iter()
+                .any(|e| e.sandbox_id.as_deref() == Some(r.id.as_str()) && e.kind == "oom_kill"),
+            "{} ({:?}) has no oom_kill event: {events:?}",
+            r.id,
+            r.reason
+        );
+    }
+}

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::host::{self, children_of, procs_in_sandbox, start_time};
-use common::{assert_no_leaks, cmd, test_dir, text, Daemon};
+use common::{assert_no_leaks, cmd, host_exists, test_dir, text, Daemon};
 use mayfly_client::Client;
 use mayfly_types::{
     CreateRequest, ErrorCode, SandboxId, SandboxState, StartProcessRequest, TemplateRef,
@@ -141,7 +141,33 @@ async fn killing_the_daemon_kills_its_sandboxes_and_restart_recovers_everything(
         "processes outlived the daemon's kill -9 by 15 s: {left:?}"
     );
 
+    // Stub markers whose writers died before renaming them: one names a
+    // dead owner, one was left empty a while ago. One being written by a
+    // live owner (this test) is left alone.
+    let stubs = d.state_dir.join("stubs");
+    let (dead_pid, dead_start, _) = victims[0].clone();
+    let dead = stubs.join(".mf-deadwriter00");
+    std::fs::write(&dead, format!("{dead_pid} {dead_start}\n")).expect("planting a marker");
+    let empty = stubs.join(".mf-emptywriter0");
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::create(&empty)
+        .and_then(|f| f.set_modified(old))
+        .expect("planting an empty marker");
+    let live = stubs.join(".mf-livewriter00");
+    let me = std::process::id();
+    let me_start = start_time(me).expect("this test's start time");
+    std::fs::write(&live, format!("{me} {me_start}\n")).expect("planting a live marker");
+
     d.restart().await;
+    assert!(
+        !host_exists(&dead) && !host_exists(&empty),
+        "recovery left dead writers' stub markers"
+    );
+    assert!(
+        host_exists(&live),
+        "recovery removed a live writer's marker"
+    );
+    std::fs::remove_file(&live).expect("removing the planted marker");
     for id in &ids {
         let info = d
             .client

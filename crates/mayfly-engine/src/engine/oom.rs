@@ -2,6 +2,7 @@
 //! v2 `memory.events`, line `oom_kill`) after a command ends by SIGKILL and
 //! when the sandbox dies, and recorded as `oom_kill` events.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,5 +69,29 @@ impl Engine {
         }
         let reason = if oom { "oom" } else { "init_exited" };
         let _ = self.destroy_sandbox(sb, reason).await;
+    }
+
+    /// Whether the OOM killer has killed in the sandbox `id` (recording
+    /// any kill not yet recorded): a daemonless run asks once its command
+    /// ended by SIGKILL, before the spawned look of
+    /// [`Engine::check_oom_after_kill`] has had a chance to run.
+    pub fn oom_killed(&self, id: &mayfly_types::SandboxId) -> bool {
+        let Ok(sb) = self.lookup(id) else {
+            return false;
+        };
+        self.record_oom_kills(&sb) || sb.oom_seen.load(Ordering::SeqCst) > 0
+    }
+
+    /// The reason a detached destroy records: `oom` instead of the
+    /// caller's when init is already dead and the OOM killer has killed in
+    /// the sandbox (the command's end was init's death, which the engine's
+    /// own look, [`Engine::init_died`], may not have reached yet).
+    pub(crate) fn reason_at_stop<'a>(&self, sb: &Sandbox, reason: &'a str) -> &'a str {
+        let init_dead = mayfly_sys::process::wait_pidfd(sb.pidfd.get_ref().as_fd(), Duration::ZERO);
+        if init_dead && (self.record_oom_kills(sb) || sb.oom_seen.load(Ordering::SeqCst) > 0) {
+            "oom"
+        } else {
+            reason
+        }
     }
 }

@@ -43,6 +43,13 @@ pub(crate) struct Reaper {
     go: std::fs::File,
 }
 
+impl Reaper {
+    /// Tells the reaper it is not needed; it exits at once.
+    fn dismiss(&self) {
+        let _ = std::io::Write::write_all(&mut &self.go, &[DISMISSED]);
+    }
+}
+
 pub(crate) type PendingReaper = tokio::task::JoinHandle<Result<Reaper, EngineError>>;
 
 impl Engine {
@@ -107,7 +114,7 @@ impl Engine {
         let pending: Vec<PendingReaper> = self.reapers().drain().map(|(_, r)| r).collect();
         for p in pending {
             if let Ok(Ok(reaper)) = p.await {
-                let _ = std::io::Write::write_all(&mut &reaper.go, &[DISMISSED]);
+                reaper.dismiss();
             }
         }
     }
@@ -139,6 +146,7 @@ impl Engine {
         let pending = self.reapers().remove(id);
         let pending = pending.unwrap_or_else(|| self.spawn_reaper(sb.clone()));
         let reaper = pending.await.ok().and_then(Result::ok);
+        let reason = self.reason_at_stop(&sb, reason);
         let stopped_at = super::now_ms();
         let done = |reaper| Detached {
             engine: self.clone(),
@@ -154,9 +162,17 @@ impl Engine {
             return Ok(done(None));
         };
         if !sb.begin_stop() {
-            // Raced with another destroy (a TTL). Dropping `reaper.go`
-            // makes the reaper clean up too, and its record update is
-            // refused.
+            // Another destroy in this engine stopped it first (init's
+            // death, a TTL) and records its own reason. The reaper is not
+            // needed (left to the closed pipe, it would record the sandbox
+            // `owner_died`); that destroy is waited for, so that a run
+            // never exits in the middle of it.
+            reaper.dismiss();
+            let notified = sb.destroyed.notified();
+            if !sb.done.load(Ordering::SeqCst) {
+                let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
+            }
+            self.wait_cleanup().await;
             return Ok(done(None));
         }
         let _ = process::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
@@ -263,6 +279,9 @@ pub(crate) fn reaper_main(
     // run's stub to join, made in this process, which then exits. Not after
     // a run that died: its reaper only cleans up.
     if let Some(dir) = plan.spare_ns.as_ref().filter(|_| handed) {
+        // What a maker or claimer killed halfway left (the few files of a
+        // small directory).
+        mayfly_sys::spare_ns::sweep(dir);
         if mayfly_sys::spare_ns::count(dir) < super::config::SPARE_NS_TARGET {
             if let Ok(name) = super::create::random_id() {
                 let name = name.as_str().replacen("mf-", "spare-", 1);

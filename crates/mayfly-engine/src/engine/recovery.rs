@@ -89,7 +89,11 @@ pub(super) fn reconcile(inner: &Inner) -> RecoveryReport {
     let mut dead_stubs = Vec::new();
     for (name, path) in names(&inner.cfg.stubs_dir()) {
         if name.starts_with('.') {
-            // A marker being written (see `StubMaker::make`).
+            // A marker being written (see `owner::write_marker`), or one
+            // whose writer died before its rename.
+            if temp_marker_is_dead(&path) {
+                let _ = std::fs::remove_file(&path);
+            }
             continue;
         }
         let Ok(id) = name.parse::<mayfly_types::SandboxId>() else {
@@ -241,5 +245,24 @@ fn remove_orphans(inner: &Inner, foreign: Vec<PathBuf>, report: &mut RecoveryRep
             Ok(false) => {}
             Err(e) => report.errors.push(format!("{}: {e}", d.display())),
         }
+    }
+}
+
+/// Whether a stub marker's temporary file was left by a writer that died
+/// before renaming it: it names a dead owner, or, still empty or cut short,
+/// it is older than any write of a few bytes could take. Nothing was made
+/// under its name before the rename, so removing it frees nothing else.
+fn temp_marker_is_dead(path: &std::path::Path) -> bool {
+    const STALE: std::time::Duration = std::time::Duration::from_secs(60);
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    match Owner::parse_marker(&text) {
+        Some(owner) => !owner.is_alive(),
+        None => std::fs::symlink_metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE),
     }
 }

@@ -74,17 +74,41 @@ pub fn assert_runs_cleaned_but(
     dir: &tempfile::TempDir,
     except: &[SandboxId],
 ) -> Vec<mayfly_store::SandboxRecord> {
-    let state = dir.path().join("state");
     let records = wait_for_reapers(dir, except);
+    let reasons = vec!["user"; records.len()];
+    check_cleaned(dir, records, &reasons)
+}
+
+/// [`assert_runs_cleaned`], where the sandboxes ended for `reasons` (in
+/// any order) rather than all by their runs' ends.
+pub fn assert_runs_ended_as(
+    dir: &tempfile::TempDir,
+    reasons: &[&str],
+) -> Vec<mayfly_store::SandboxRecord> {
+    let records = wait_for_reapers(dir, &[]);
+    check_cleaned(dir, records, reasons)
+}
+
+fn check_cleaned(
+    dir: &tempfile::TempDir,
+    records: Vec<mayfly_store::SandboxRecord>,
+    reasons: &[&str],
+) -> Vec<mayfly_store::SandboxRecord> {
+    let state = dir.path().join("state");
     drain_now(dir);
     assert!(!records.is_empty(), "no sandbox was recorded");
+    let mut ended: Vec<_> = records
+        .iter()
+        .map(|r| (r.state, r.reason.clone().unwrap_or_default()))
+        .collect();
+    let mut want: Vec<_> = reasons
+        .iter()
+        .map(|r| (SandboxState::Destroyed, r.to_string()))
+        .collect();
+    ended.sort_by(|a, b| a.1.cmp(&b.1));
+    want.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(ended, want, "the runs' sandboxes did not end as expected");
     for r in &records {
-        assert_eq!(
-            (r.state, r.reason.as_deref()),
-            (SandboxState::Destroyed, Some("user")),
-            "{} did not end as destroyed by its run",
-            r.id
-        );
         assert!(
             mayfly_sys::process::start_time(r.owner_pid) != Some(r.owner_start),
             "{}'s reaper (pid {}) still runs after recording it destroyed",

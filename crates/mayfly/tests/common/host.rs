@@ -250,6 +250,13 @@ pub fn leaks<S: AsRef<str>>(state_dir: &Path, ids: &[S]) -> Vec<String> {
                 problems.push(format!("directory left: {}", p.display()));
             }
         }
+        // Stub markers, whole or still under their temporary name.
+        for name in [id.to_owned(), format!(".{id}")] {
+            let p = state_dir.join("stubs").join(name);
+            if std::fs::symlink_metadata(&p).is_ok() {
+                problems.push(format!("stub marker left: {}", p.display()));
+            }
+        }
     }
     problems
 }
