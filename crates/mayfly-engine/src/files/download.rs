@@ -251,7 +251,10 @@ impl<W: Write> Packer<'_, W> {
         self.count()?;
         let file =
             sysfs::open_regular_for_read(handle, path).map_err(|e| FilesError::fs(&shown, e))?;
-        let data = file.take(st.size).chain(io::repeat(0)).take(st.size);
+        let data = sysfs::SparseReader::new(file)
+            .take(st.size)
+            .chain(io::repeat(0))
+            .take(st.size);
         let mut h = self.header(EntryType::Regular, &st, st.size);
         self.builder
             .append_data(&mut h, path, data)

@@ -25,6 +25,7 @@ mod dir;
 mod error;
 mod open;
 mod ops;
+mod sparse;
 
 pub use creds::{create_mapped, CreateAs};
 pub use dir::{list_dir, DirEntry, DirListing};
@@ -35,6 +36,7 @@ pub use ops::{
     rename_at, set_mtime_at, set_mtime_fd, stat_at, stat_fd, symlink_at, unlink_at, Kind, Replace,
     Stat,
 };
+pub use sparse::SparseReader;
 
 #[cfg(test)]
 mod tests;
