@@ -3,7 +3,7 @@
 //! (`SCM_RIGHTS`) per packet, plus pipes.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
@@ -143,6 +143,39 @@ pub fn recv(
 /// A close-on-exec pipe: (read end, write end).
 pub fn pipe() -> Result<(OwnedFd, OwnedFd), IpcError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| nix_err("pipe2", e))
+}
+
+/// Moves up to `max` bytes out of the pipe `pipe` into `/dev/null` without
+/// copying them (`splice(2)`, non-blocking): what a reader that keeps no
+/// more of a stream does with the rest, at a small part of a `read`'s cost.
+/// `Ok(0)` is the end of the stream; `WouldBlock` means empty for now.
+pub fn discard(pipe: BorrowedFd<'_>, max: usize) -> std::io::Result<usize> {
+    use nix::fcntl::{splice, SpliceFFlags};
+    static NULL: std::sync::OnceLock<std::io::Result<std::fs::File>> = std::sync::OnceLock::new();
+    let null = NULL.get_or_init(|| std::fs::OpenOptions::new().write(true).open("/dev/null"));
+    let null = null
+        .as_ref()
+        .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+    splice(
+        pipe,
+        None,
+        null.as_fd(),
+        None,
+        max,
+        SpliceFFlags::SPLICE_F_NONBLOCK,
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// Grows the pipe `pipe`'s buffer to `bytes` (at most the host's
+/// `fs.pipe-max-size`), so that a reader draining a busy writer wakes less
+/// often. The pages are the writer's to fill (and to be charged for).
+pub fn set_pipe_size(pipe: BorrowedFd<'_>, bytes: usize) -> Result<usize, IpcError> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+    fcntl(pipe, FcntlArg::F_SETPIPE_SZ(bytes))
+        .map(|n| n as usize)
+        .map_err(|e| nix_err("fcntl(F_SETPIPE_SZ)", e))
 }
 
 /// Puts a descriptor into non-blocking mode (for async readers).

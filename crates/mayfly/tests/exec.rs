@@ -5,17 +5,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::host::procs_inside;
+use common::host::commands_left;
 use common::{cmd, expect_exit, test_dir, text, Daemon};
 use mayfly_types::{ErrorCode, ExecEvent, ExecRequest, ProcessState, StartProcessRequest};
-
-/// Live (non-zombie) processes inside sandbox `id` other than its init.
-fn commands_left(id: &str, init_pid: Option<u32>) -> Vec<common::ProcInfo> {
-    procs_inside(id, init_pid)
-        .into_iter()
-        .filter(|p| !p.is_zombie() && Some(p.pid) != init_pid)
-        .collect()
-}
 
 #[tokio::test]
 async fn exit_codes_propagate_through_api_cli_and_daemonless_run() {

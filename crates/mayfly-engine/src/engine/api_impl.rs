@@ -121,7 +121,16 @@ impl Engine {
         let stdin = req.stdin.map(|b| b.0);
         // A command in flight keeps the sandbox from counting as idle.
         let busy = super::sandbox::Busy::new(&sb);
-        Ok(async move {
+        // A caller that leaves (a client hanging up on a buffered exec)
+        // abandons the command: it is killed, and the rest (its audit row,
+        // its secret files' removal, its `after_run` hooks) still runs, in a
+        // task a shutdown waits for.
+        let (handle, killer, tracker) = (started.handle, sb.clone(), self.clone());
+        let kill_on_handover = move |task| {
+            let _ = killer.conn.signal(handle, libc::SIGKILL, true);
+            tracker.track_cleanup(task);
+        };
+        let work = async move {
             let _busy = busy;
             let out = [
                 Arc::new(std::sync::Mutex::new(Collected::default())),
@@ -152,7 +161,8 @@ impl Engine {
                 engine.check_oom_after_kill(&sb);
             }
             r
-        })
+        };
+        Ok(super::finish::FinishOnDrop::new(work, |_| {}).on_handover(kill_on_handover))
     }
 }
 

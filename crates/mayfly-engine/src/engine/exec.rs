@@ -27,6 +27,10 @@ const MAX_COMMAND_BYTES: usize = 128 * 1024;
 /// that escaped its session can hold the pipe; we stop waiting for it).
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
 
+/// Past its output limit, how long a stream's drain waits between two
+/// pipe-fulls it throws away.
+const DISCARD_PAUSE: Duration = Duration::from_millis(10);
+
 /// A validated command.
 pub(crate) struct CommandSpec {
     pub argv: Vec<String>,
@@ -366,9 +370,29 @@ async fn read_stream(
     let mut buf = vec![0u8; 64 * 1024];
     let mut listener_gone = false;
     loop {
-        let n = match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let full = {
+            let c = into.lock().unwrap_or_else(|p| p.into_inner());
+            c.total >= limit
+        };
+        if full {
+            // Nothing more is kept: the rest is counted and thrown away
+            // without being copied into the daemon (a command writing
+            // without end costs the daemon a `splice` per pipe-full).
+            discard_rest(&rx, &into, &sink, &sb, handle).await;
+            return;
+        }
+        // A streamed command whose listener left is abandoned: killed at
+        // once, silent or not.
+        let n = tokio::select! {
+            r = rx.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            () = listener_left(&sink), if !listener_gone => {
+                listener_gone = true;
+                let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                continue;
+            }
         };
         let keep = {
             let mut c = into.lock().unwrap_or_else(|p| p.into_inner());
@@ -398,5 +422,63 @@ async fn read_stream(
                 }
             }
         }
+    }
+}
+
+/// Counts and discards what is left of a stream past its limit, until its
+/// end; a streamed command whose listener leaves meanwhile is killed.
+async fn discard_rest(
+    rx: &tokio::net::unix::pipe::Receiver,
+    into: &Mutex<Collected>,
+    sink: &Sink,
+    sb: &Sandbox,
+    handle: u64,
+) {
+    use std::os::fd::AsFd;
+    // Fewer, larger wake-ups: the cost of draining is per wake-up, not per
+    // byte. (Refused past the host's per-user pipe quota: then as is.)
+    let _ = mayfly_sys::ipc::set_pipe_size(rx.as_fd(), 1 << 20);
+    let mut listener_gone = false;
+    loop {
+        tokio::select! {
+            r = rx.readable() => if r.is_err() { return },
+            () = listener_left(sink), if !listener_gone => {
+                listener_gone = true;
+                let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                continue;
+            }
+        }
+        let moved = rx.try_io(|| mayfly_sys::ipc::discard(rx.as_fd(), 1 << 20));
+        match moved {
+            Ok(0) => return,
+            Ok(n) => {
+                {
+                    let mut c = into.lock().unwrap_or_else(|p| p.into_inner());
+                    c.total += n as u64;
+                    c.truncated = true;
+                }
+                // Then a pause, for the pipe to fill: at most a hundred
+                // wake-ups a second, however small the writer's writes (a
+                // writer faster than 100 MiB/s waits on the full pipe).
+                tokio::select! {
+                    () = tokio::time::sleep(DISCARD_PAUSE) => {}
+                    () = listener_left(sink), if !listener_gone => {
+                        listener_gone = true;
+                        let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Resolves when a streamed command's listener has gone; never for a
+/// buffered one (whose caller leaving is handled by `run_exec`).
+async fn listener_left(sink: &Sink) {
+    match sink {
+        Sink::Channel(tx) => tx.closed().await,
+        Sink::Buffer => std::future::pending().await,
     }
 }

@@ -123,6 +123,14 @@ pub fn pid_ns(pid: u32) -> Option<String> {
     Some(link.to_string_lossy().into_owned())
 }
 
+/// Live (non-zombie) processes inside sandbox `id` other than its init.
+pub fn commands_left(id: &str, init_pid: Option<u32>) -> Vec<ProcInfo> {
+    procs_inside(id, init_pid)
+        .into_iter()
+        .filter(|p| !p.is_zombie() && Some(p.pid) != init_pid)
+        .collect()
+}
+
 /// Processes running *inside* sandbox `id`: in its cgroups and in the pid
 /// namespace of its init (host pid `init_pid`). Mayfly's host-side helpers
 /// that sit in the sandbox's cgroups (its stub) are not inside.
