@@ -140,8 +140,12 @@ struct V1Mounts<'a> {
 /// One directory per hierarchy, `<mount>/mayfly/<id>`; co-mounted
 /// controllers (`cpu,cpuacct`) share one.
 ///
-/// `memory.limit_in_bytes` goes before `memory.memsw.limit_in_bytes`: the
-/// kernel refuses a memory+swap limit below the memory limit. Without swap
+/// The kernel keeps `memory.limit_in_bytes` at or below
+/// `memory.memsw.limit_in_bytes`, refusing any write that would break that.
+/// A plan is applied to a fresh cgroup, and again (with other limits) to a
+/// stub's prepared one, so it cannot know whether it raises or lowers them:
+/// it writes memory+swap first (refused when lowering: [`CgroupWrite::first_try`]),
+/// then memory, then memory+swap again, which works either way. Without swap
 /// accounting, `memory.swappiness = 0` keeps the sandbox's pages out of swap
 /// instead. The OOM killer stays enabled (`memory.oom_control` untouched), so
 /// a hog is killed rather than the sandbox hanging. cpuacct is joined only to
@@ -164,28 +168,32 @@ fn plan_v1(
     }
     let (mem, cpu, pids) = (dir(m.memory), dir(m.cpu), dir(m.pids));
     let memory_bytes = limits.memory_bytes.to_string();
-    let swap = if swap_accounting {
-        CgroupWrite::new(
-            mem.join("memory.memsw.limit_in_bytes"),
-            memory_bytes.clone(),
+    let memsw = mem.join("memory.memsw.limit_in_bytes");
+    let (raise, swap) = if swap_accounting {
+        (
+            Some(CgroupWrite::first_try(&memsw, memory_bytes.clone())),
+            CgroupWrite::new(&memsw, memory_bytes.clone()),
         )
     } else {
-        CgroupWrite::new(mem.join("memory.swappiness"), "0")
+        (None, CgroupWrite::new(mem.join("memory.swappiness"), "0"))
     };
     CgroupPlan {
         version: CgroupVersion::V1,
         shared_dirs: mounts.iter().map(|p| p.join(PARENT_DIR)).collect(),
         sandbox_dirs: mounts.iter().map(|p| dir(p)).collect(),
-        writes: vec![
-            CgroupWrite::new(mem.join("memory.limit_in_bytes"), memory_bytes),
-            swap,
-            CgroupWrite::new(cpu.join("cpu.cfs_period_us"), CPU_PERIOD_USEC.to_string()),
-            CgroupWrite::new(
-                cpu.join("cpu.cfs_quota_us"),
-                cpu_quota_usec(limits).to_string(),
-            ),
-            CgroupWrite::new(pids.join("pids.max"), limits.pids.to_string()),
-        ],
+        writes: raise
+            .into_iter()
+            .chain([
+                CgroupWrite::new(mem.join("memory.limit_in_bytes"), memory_bytes),
+                swap,
+                CgroupWrite::new(cpu.join("cpu.cfs_period_us"), CPU_PERIOD_USEC.to_string()),
+                CgroupWrite::new(
+                    cpu.join("cpu.cfs_quota_us"),
+                    cpu_quota_usec(limits).to_string(),
+                ),
+                CgroupWrite::new(pids.join("pids.max"), limits.pids.to_string()),
+            ])
+            .collect(),
         cpu_weight: cpu.join("cpu.shares"),
         usage: UsageFiles {
             memory_current: mem.join("memory.usage_in_bytes"),

@@ -98,6 +98,10 @@ fn v1_plan_with_swap_accounting_limits_memory_and_swap_per_hierarchy() {
             d("pids").into(),
         ],
         writes: vec![
+            CgroupWrite::first_try(
+                format!("{}/memory.memsw.limit_in_bytes", d("memory")),
+                "536870912",
+            ),
             w(
                 &format!("{}/memory.limit_in_bytes", d("memory")),
                 "536870912",
@@ -130,6 +134,8 @@ fn v1_plan_without_swap_accounting_sets_swappiness_zero_instead() {
     let without = plan(&hybrid(false), &id(), &ResolvedLimits::DEFAULT).unwrap();
     let mem = "/sys/fs/cgroup/memory/mayfly/mf-abcdefgh2345";
     let mut expected = with.clone();
+    // No memory+swap limit to raise first, nor to set after.
+    expected.writes.remove(0);
     expected.writes[1] = w(&format!("{mem}/memory.swappiness"), "0");
     assert_eq!(without, expected);
 }
@@ -194,7 +200,52 @@ fn per_create_overrides_reach_the_written_values() {
     assert_eq!(values, ["67108864", "0", "25000 100000", "32"]);
     let v1 = plan(&hybrid(true), &id(), &limits).unwrap();
     let values: Vec<&str> = v1.writes.iter().map(|w| w.value.as_str()).collect();
-    assert_eq!(values, ["67108864", "67108864", "100000", "25000", "32"]);
+    assert_eq!(
+        values,
+        ["67108864", "67108864", "67108864", "100000", "25000", "32"]
+    );
+}
+
+/// The v1 writes that set the memory limits, applied to a cgroup whose
+/// limits are `old`, as the kernel would (memory never above memory+swap).
+fn apply_v1_memory(plan: &CgroupPlan, old: u64) -> Result<(u64, u64), String> {
+    let (mut mem, mut memsw) = (old, old);
+    for w in &plan.writes {
+        let v: u64 = w.value.parse().unwrap_or(0);
+        let file = w.file.to_string_lossy();
+        let ok = if file.ends_with("/memory.memsw.limit_in_bytes") {
+            (v >= mem).then(|| memsw = v)
+        } else if file.ends_with("/memory.limit_in_bytes") {
+            (v <= memsw).then(|| mem = v)
+        } else {
+            Some(())
+        };
+        if ok.is_none() && !w.may_fail {
+            return Err(format!(
+                "{file} = {v} refused at memory {mem}, memsw {memsw}"
+            ));
+        }
+    }
+    Ok((mem, memsw))
+}
+
+#[test]
+fn v1_memory_limits_can_be_raised_and_lowered_on_a_prepared_cgroup() {
+    let with = |bytes: u64| {
+        let limits = ResolvedLimits::DEFAULT
+            .with(&Limits {
+                memory_bytes: Some(bytes),
+                ..Limits::default()
+            })
+            .unwrap();
+        plan(&hybrid(true), &id(), &limits).unwrap()
+    };
+    let default = ResolvedLimits::DEFAULT.memory_bytes;
+    for new in [1 << 30, 64 << 20, default] {
+        assert_eq!(apply_v1_memory(&with(new), default), Ok((new, new)));
+        // And on a fresh cgroup, whose limits are unlimited.
+        assert_eq!(apply_v1_memory(&with(new), u64::MAX), Ok((new, new)));
+    }
 }
 
 #[test]

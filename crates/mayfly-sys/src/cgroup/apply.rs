@@ -42,7 +42,10 @@ pub fn apply(plan: &CgroupPlan) -> Result<(), CgroupError> {
         .and_then(|()| {
             plan.writes
                 .iter()
-                .try_for_each(|w| write_file(&w.file, &w.value))
+                .try_for_each(|w| match write_file(&w.file, &w.value) {
+                    Err(_) if w.may_fail => Ok(()),
+                    r => r,
+                })
         });
     if result.is_err() {
         // The original error is the one worth reporting; a failure to clean

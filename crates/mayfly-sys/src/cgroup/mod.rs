@@ -60,6 +60,10 @@ pub enum CgroupVersion {
 pub struct CgroupWrite {
     pub file: PathBuf,
     pub value: String,
+    /// A refused write is not an error: a later write of the plan makes
+    /// the same setting (see `first_try`).
+    #[serde(default)]
+    pub may_fail: bool,
 }
 
 impl CgroupWrite {
@@ -67,6 +71,17 @@ impl CgroupWrite {
         CgroupWrite {
             file: file.into(),
             value: value.into(),
+            may_fail: false,
+        }
+    }
+
+    /// A write the kernel may refuse for now, made again later in the
+    /// plan: how two limits that must stay ordered (v1's memory limit never
+    /// above its memory+swap limit) are both raised or both lowered.
+    pub fn first_try(file: impl Into<PathBuf>, value: impl Into<String>) -> Self {
+        CgroupWrite {
+            may_fail: true,
+            ..Self::new(file, value)
         }
     }
 }
