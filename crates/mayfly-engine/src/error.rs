@@ -18,6 +18,9 @@ pub enum EngineError {
     NoSuchArtifact { id: SandboxId, name: String },
     #[error("there is no pool `{0}`")]
     NoSuchPool(String),
+    /// A template addressed as a resource of its own is not built.
+    #[error("{0}")]
+    NoSuchTemplate(String),
     /// The caller may not do this (an admin's operation).
     #[error("{0}")]
     Forbidden(String),
@@ -65,6 +68,7 @@ impl EngineError {
             EngineError::Forbidden(_) => ErrorCode::PermissionDenied,
             EngineError::NoSuchSandbox(_)
             | EngineError::NoSuchPool(_)
+            | EngineError::NoSuchTemplate(_)
             | EngineError::NoSuchProcess { .. }
             | EngineError::NoSuchArtifact { .. } => ErrorCode::NotFound,
             EngineError::NotReady { .. } | EngineError::Conflict(_) => ErrorCode::Conflict,

@@ -121,7 +121,19 @@ impl Engine {
 
     /// One built template.
     pub fn template_info(&self, name: &str) -> Result<TemplateInfo, EngineError> {
-        Ok(self.registry().load(name)?.0.info)
+        Ok(self.load_named(name)?.0.info)
+    }
+
+    /// A built template addressed by name (its own resource: a missing one
+    /// is 404; named in a create, it is a bad argument, 400).
+    fn load_named(
+        &self,
+        name: &str,
+    ) -> Result<(crate::templates::Built, std::time::SystemTime), EngineError> {
+        self.registry().load(name).map_err(|e| match e {
+            TemplatesError::NotFound(_) => EngineError::NoSuchTemplate(e.to_string()),
+            other => other.into(),
+        })
     }
 
     /// Removes a built template, drains its pools' unclaimed sandboxes and
@@ -137,7 +149,7 @@ impl Engine {
             ));
         }
         let _build = self.inner.templates.build.lock().await;
-        let (built, _) = self.registry().load(name)?;
+        let (built, _) = self.load_named(name)?;
         self.registry().remove(name)?;
         self.inner
             .templates

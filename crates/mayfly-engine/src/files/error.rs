@@ -41,6 +41,8 @@ pub enum FilesError {
     NoSpace { path: String },
     #[error("uid {uid} is outside the sandbox's id range")]
     BadOwner { uid: u32 },
+    #[error("mode {mode:#o} is not a permission (at most 0o7777)")]
+    BadMode { mode: u32 },
     #[error("the kernel rejected the operation on `{path}` as invalid")]
     Rejected { path: String },
     #[error("archive entry `{entry}` is rejected: {reason}")]
@@ -79,6 +81,7 @@ impl FilesError {
             | NotADirectory { .. }
             | NotRegularFile { .. }
             | BadOwner { .. }
+            | BadMode { .. }
             | Rejected { .. }
             | BadTarEntry { .. }
             | BadArchive { .. } => ErrorCode::InvalidArgument,

@@ -170,6 +170,9 @@ impl SandboxFs {
         parents: bool,
         mode: Option<u32>,
     ) -> Result<FileStat, FilesError> {
+        if let Some(mode) = mode.filter(|m| *m > 0o7777) {
+            return Err(FilesError::BadMode { mode });
+        }
         ops::mkdir(self, &SandboxPath::parse(path)?, parents, mode)
     }
 

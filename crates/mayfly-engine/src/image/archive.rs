@@ -35,7 +35,7 @@ impl Members {
             path: path.to_path_buf(),
             reason,
         };
-        let file = File::open(path).map_err(|source| ImageError::Io {
+        let file = File::open(path).map_err(|source| ImageError::Source {
             op: "open",
             path: path.to_path_buf(),
             source,
@@ -78,13 +78,13 @@ impl Members {
         let mut name = normalize(name);
         for _ in 0..8 {
             if let Some(&(offset, size)) = self.files.get(&name) {
-                let mut file = File::open(&self.path).map_err(|source| ImageError::Io {
+                let mut file = File::open(&self.path).map_err(|source| ImageError::Source {
                     op: "open",
                     path: self.path.clone(),
                     source,
                 })?;
                 file.seek(SeekFrom::Start(offset))
-                    .map_err(|source| ImageError::Io {
+                    .map_err(|source| ImageError::Source {
                         op: "read",
                         path: self.path.clone(),
                         source,
@@ -135,7 +135,7 @@ fn hash_member(members: &Members, name: &str) -> Result<String, ImageError> {
     let mut hasher = Hasher::default();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = r.read(&mut buf).map_err(|source| ImageError::Io {
+        let n = r.read(&mut buf).map_err(|source| ImageError::Source {
             op: "read",
             path: members.path.join(name),
             source,
@@ -172,7 +172,7 @@ pub(super) async fn fetch(
     config_reader
         .take(MAX_JSON_BYTES)
         .read_to_end(&mut config_bytes)
-        .map_err(|source| ImageError::Io {
+        .map_err(|source| ImageError::Source {
             op: "read",
             path: path.join(&entry.config),
             source,

@@ -24,7 +24,7 @@ pub(super) struct Layout {
 
 impl Layout {
     pub fn open(path: &Path) -> Result<Layout, ImageError> {
-        let dir = sysfs::open_host_dir(path).map_err(|e| ImageError::Io {
+        let dir = sysfs::open_host_dir(path).map_err(|e| ImageError::Source {
             op: "open the image layout",
             path: path.to_path_buf(),
             source: std::io::Error::other(e),
@@ -38,7 +38,7 @@ impl Layout {
     /// Opens the regular file `rel` below the layout.
     pub fn file(&self, rel: &Path) -> Result<File, ImageError> {
         let full = self.path.join(rel);
-        let fail = |e| ImageError::Io {
+        let fail = |e| ImageError::Source {
             op: "open",
             path: full.clone(),
             source: std::io::Error::other(e),

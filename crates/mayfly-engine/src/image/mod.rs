@@ -102,6 +102,15 @@ pub enum ImageError {
         #[source]
         source: std::io::Error,
     },
+    /// The image the spec names (an OCI layout or an archive on the host)
+    /// cannot be opened or read: missing, not a layout, or incomplete.
+    #[error("cannot {op} `{path}`, the image the template names")]
+    Source {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the archive `{path}` is malformed: {reason}")]
     BadArchive { path: PathBuf, reason: String },
     #[error("layer {layer} cannot be unpacked")]
