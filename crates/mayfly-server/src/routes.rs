@@ -36,7 +36,8 @@ pub fn app(api: Arc<dyn SandboxApi>, opts: ServerOptions) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,
-        ));
+        ))
+        .layer(middleware::map_request(guard_body));
     // The dashboard's static files are outside authentication: they hold no
     // data, and the page sends the caller's token with its API calls.
     crate::dashboard::router()
@@ -44,6 +45,16 @@ pub fn app(api: Arc<dyn SandboxApi>, opts: ServerOptions) -> Router {
         .layer(middleware::from_fn(log_internal_errors))
         .layer(middleware::from_fn(catch_panic))
         .with_state(state)
+}
+
+/// A request body may not stall: the connection's own deadlines never cut
+/// a request in flight (`crate::conn`), so a body that stops arriving would
+/// hold its connection, and its place under the listener's cap, for good.
+/// One that sends nothing for [`crate::gateway::body::BODY_IDLE`] while
+/// awaited ends in an error, which the handler's extractor answers (4xx).
+async fn guard_body(req: axum::extract::Request) -> axum::extract::Request {
+    use crate::gateway::body::{Guarded, BODY_IDLE};
+    req.map(|b| axum::body::Body::new(Guarded::new(b, BODY_IDLE)))
 }
 
 /// Every (method, path) the router serves, in the router's path syntax.

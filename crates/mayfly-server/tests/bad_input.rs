@@ -110,3 +110,55 @@ async fn a_lying_content_length_is_a_4xx() {
         .expect("valid request");
     send(&app, r).await.api_error(400);
 }
+
+/// A body that stops arriving is cut once it has sent nothing for a minute
+/// (the clock is paused: tokio moves it on while everything waits), and
+/// answered with a JSON 4xx instead of holding its connection for good.
+#[tokio::test(start_paused = true)]
+async fn a_request_body_that_stops_arriving_is_cut() {
+    let (app, _) = test_app();
+    let sb = create(&app).await;
+    for (method, uri, ct) in [
+        (
+            Method::PUT,
+            "/v1/sandboxes/{id}/files?path=/workspace/z",
+            "application/octet-stream",
+        ),
+        (Method::POST, "/v1/sandboxes/{id}/exec", "application/json"),
+        (
+            Method::PUT,
+            "/v1/sandboxes/{id}/archive?path=/workspace",
+            "application/x-tar",
+        ),
+    ] {
+        let uri = uri.replace("{id}", sb.id.as_str());
+        use futures_util::StreamExt as _;
+        let start = futures_util::stream::iter([Ok::<_, std::io::Error>(
+            bytes::Bytes::from_static(b"{\"ar"),
+        )]);
+        let body = Body::from_stream(start.chain(futures_util::stream::pending()));
+        let r = Request::builder()
+            .method(method.clone())
+            .uri(&uri)
+            .header("content-type", ct)
+            .body(body)
+            .expect("valid request");
+        let t = tokio::time::Instant::now();
+        let a = tokio::time::timeout(std::time::Duration::from_secs(600), send(&app, r))
+            .await
+            .unwrap_or_else(|_| panic!("{method} {uri}: a stalled body was never cut"));
+        assert!(
+            t.elapsed() >= std::time::Duration::from_secs(60),
+            "{method} {uri}: cut early"
+        );
+        assert!(
+            a.status.is_client_error(),
+            "{method} {uri}: {} {:?}",
+            a.status,
+            a.body
+        );
+        let e: mayfly_types::ApiError = serde_json::from_slice(&a.body)
+            .unwrap_or_else(|_| panic!("{method} {uri}: not JSON: {:?}", a.body));
+        assert!(!e.message.is_empty());
+    }
+}
