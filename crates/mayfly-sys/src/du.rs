@@ -47,6 +47,15 @@ impl Default for WalkLimits {
     }
 }
 
+/// The bytes in use on the filesystem that holds `path` (`statvfs`: its
+/// blocks less its free blocks): cheap to read, so a watcher can tell
+/// whether anything was written since it last looked.
+pub fn filesystem_used(path: &Path) -> std::io::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
+    let blocks = st.blocks().saturating_sub(st.blocks_free());
+    Ok(blocks.saturating_mul(st.fragment_size()))
+}
+
 /// What a walk counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DiskUsage {

@@ -20,6 +20,10 @@ pub struct Limits {
     pub tmp_bytes: Option<u64>,
     /// RLIMIT_NOFILE for every command.
     pub nofile: Option<u64>,
+    /// What the sandbox's writable layers (its changes to the root and
+    /// `/workspace`) may hold on the host's disk, in bytes. Checked every
+    /// second; a sandbox found past it is destroyed (reason `disk`).
+    pub disk_bytes: Option<u64>,
 }
 
 /// The limits a sandbox actually runs with.
@@ -31,6 +35,13 @@ pub struct ResolvedLimits {
     pub pids: u32,
     pub tmp_bytes: u64,
     pub nofile: u64,
+    /// Records from before disk limits have the default.
+    #[serde(default = "default_disk_bytes")]
+    pub disk_bytes: u64,
+}
+
+fn default_disk_bytes() -> u64 {
+    ResolvedLimits::DEFAULT.disk_bytes
 }
 
 /// A limit outside its allowed range.
@@ -49,6 +60,7 @@ impl ResolvedLimits {
     pub const PIDS: (u64, u64) = (8, 1 << 22);
     pub const TMP: (u64, u64) = (MIB, 256 * GIB);
     pub const NOFILE: (u64, u64) = (64, 1 << 20);
+    pub const DISK: (u64, u64) = (64 * MIB, 16 * 1024 * GIB);
 
     /// Sensible defaults for an agent's sandbox.
     pub const DEFAULT: ResolvedLimits = ResolvedLimits {
@@ -57,6 +69,7 @@ impl ResolvedLimits {
         pids: 512,
         tmp_bytes: 256 * MIB,
         nofile: 4096,
+        disk_bytes: 10 * GIB,
     };
 
     /// Applies overrides on top of `self`, rejecting anything out of range.
@@ -67,6 +80,7 @@ impl ResolvedLimits {
             pids: o.pids.unwrap_or(self.pids),
             tmp_bytes: o.tmp_bytes.unwrap_or(self.tmp_bytes),
             nofile: o.nofile.unwrap_or(self.nofile),
+            disk_bytes: o.disk_bytes.unwrap_or(self.disk_bytes),
         };
         r.validate()?;
         Ok(r)
@@ -77,7 +91,8 @@ impl ResolvedLimits {
         check("cpu_millis", self.cpu_millis.into(), Self::CPU)?;
         check("pids", self.pids.into(), Self::PIDS)?;
         check("tmp_bytes", self.tmp_bytes, Self::TMP)?;
-        check("nofile", self.nofile, Self::NOFILE)
+        check("nofile", self.nofile, Self::NOFILE)?;
+        check("disk_bytes", self.disk_bytes, Self::DISK)
     }
 }
 
@@ -137,5 +152,13 @@ mod tests {
     fn unknown_limit_fields_are_rejected() {
         assert!(serde_json::from_str::<Limits>(r#"{"swap": 1}"#).is_err());
         assert!(serde_json::from_str::<Limits>(r#"{"pids": -1}"#).is_err());
+    }
+
+    #[test]
+    fn records_from_before_disk_limits_read_with_the_default() {
+        let old = r#"{"memory_bytes":1,"cpu_millis":2,"pids":3,"tmp_bytes":4,"nofile":5}"#;
+        let r: ResolvedLimits = serde_json::from_str(old).unwrap();
+        assert_eq!(r.disk_bytes, ResolvedLimits::DEFAULT.disk_bytes);
+        assert_eq!((r.memory_bytes, r.nofile), (1, 5));
     }
 }

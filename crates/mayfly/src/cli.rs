@@ -150,6 +150,10 @@ pub struct LimitArgs {
     /// Maximum number of processes and threads.
     #[arg(long)]
     pub pids: Option<u32>,
+    /// What the sandbox's changes may hold on disk (e.g. 2g); past it the
+    /// sandbox is destroyed.
+    #[arg(long, value_parser = parse_size)]
+    pub disk: Option<u64>,
 }
 
 impl LimitArgs {
@@ -168,6 +172,7 @@ impl LimitArgs {
             pids: self.pids,
             tmp_bytes,
             nofile: None,
+            disk_bytes: self.disk,
         })
     }
 }

@@ -84,6 +84,7 @@ fn a_run_whose_planned_slot_is_recorded_live_replans_and_succeeds() {
                         pids: 512,
                         tmp_bytes: 64 << 20,
                         nofile: 1024,
+                        disk_bytes: 1 << 30,
                     },
                     labels: Default::default(),
                     uid_slot: 0,

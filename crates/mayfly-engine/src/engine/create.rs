@@ -328,6 +328,8 @@ impl Engine {
         ));
         sb.idle_ms
             .store(idle_secs * 1000, std::sync::atomic::Ordering::Relaxed);
+        sb.disk_limit
+            .store(limits.disk_bytes, std::sync::atomic::Ordering::Relaxed);
         let _ = sb.exec_defaults.set(super::sandbox::ExecDefaults {
             cwd: resolved.workdir.clone(),
             uid: resolved.user,

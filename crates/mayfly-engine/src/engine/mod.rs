@@ -9,6 +9,7 @@ mod claims;
 mod config;
 mod create;
 mod destroy;
+mod disk;
 mod early;
 mod exec;
 pub(crate) mod finish;
@@ -246,7 +247,8 @@ impl Engine {
         &self.inner.cfg
     }
 
-    /// Starts the TTL reaper, artifact retention and history pruning, and
+    /// Starts the TTL reaper, the disk-limit watcher, artifact retention
+    /// and history pruning, and
     /// fills the stub pool. Call once, inside the tokio runtime.
     pub fn start_background(&self) {
         self.refill_stubs();
@@ -274,6 +276,17 @@ impl Engine {
                 if let Err(e) = (Engine { inner }).prune_history().await {
                     tracing::warn!(error = %e, "pruning the store's history failed");
                 }
+            }
+        });
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(disk::CHECK_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut watch = disk::DiskWatch::default();
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                Engine { inner }.check_disk(&mut watch).await;
             }
         });
         let weak = Arc::downgrade(&self.inner);

@@ -93,6 +93,11 @@ pub(crate) struct Sandbox {
     /// Set by the first destroy, before its `before_remove` hooks run;
     /// later ones (and the TTL and idle reaper) leave the sandbox to it.
     destroying: AtomicBool,
+    /// The most its writable layers may hold (`limits.disk_bytes`).
+    pub disk_limit: AtomicU64,
+    /// An upper bound of what its writable layers hold: the last measure
+    /// plus everything the filesystem grew by since (`engine::disk`).
+    pub disk_bound: AtomicU64,
 }
 
 /// A command's working directory and uid when its request names none.
@@ -155,6 +160,8 @@ impl Sandbox {
             commands: AtomicU64::new(0),
             audit_text: AtomicU64::new(0),
             destroying: AtomicBool::new(false),
+            disk_limit: AtomicU64::new(u64::MAX),
+            disk_bound: AtomicU64::new(0),
         }
     }
 

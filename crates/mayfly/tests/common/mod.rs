@@ -8,6 +8,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod daemonless;
+pub mod events;
 pub mod history;
 pub mod host;
 pub mod keys;
