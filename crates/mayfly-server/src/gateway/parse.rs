@@ -44,12 +44,44 @@ pub enum ParseError {
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ParseError> {
+    single(h, name)?;
     match h.get(name) {
         None => Ok(None),
         Some(v) => v
             .to_str()
             .map(|s| Some(s.trim()))
             .map_err(|_| ParseError::Malformed(format!("the {name} header is not visible ASCII"))),
+    }
+}
+
+/// A routing header given twice is ambiguous: refused, never the first
+/// one silently.
+fn single(h: &HeaderMap, name: &str) -> Result<(), ParseError> {
+    if h.get_all(name).iter().nth(1).is_some() {
+        return Err(ParseError::Malformed(format!(
+            "the {name} header is given more than once"
+        )));
+    }
+    Ok(())
+}
+
+/// The `Host` header's port, when it has one, must be a port.
+fn check_host_port(h: &HeaderMap) -> Result<(), ParseError> {
+    let Some(raw) = h.get(HOST).and_then(|v| v.to_str().ok()) else {
+        return Ok(());
+    };
+    let malformed = || ParseError::Malformed("the Host header is malformed".into());
+    let after_host = match raw.strip_prefix('[') {
+        Some(v6) => v6
+            .split_once(']')
+            .map(|(_, rest)| rest)
+            .ok_or_else(malformed)?,
+        None => raw.find(':').map_or("", |i| &raw[i..]),
+    };
+    match after_host.strip_prefix(':') {
+        Some(port) => parse_port(port).map(|_| ()),
+        None if after_host.is_empty() => Ok(()),
+        None => Err(malformed()),
     }
 }
 
@@ -87,6 +119,8 @@ pub fn request_host(h: &HeaderMap, uri: &Uri) -> Option<String> {
 /// `X-Mayfly-Service` a service; then the host `<label>.<domain>`, where
 /// a label starting with a digit is `<port>-<id>` and any other a service.
 pub fn target(h: &HeaderMap, host: Option<&str>, domain: &str) -> Result<Target, ParseError> {
+    check_host_port(h)?;
+    single(h, SANDBOX_HEADER)?;
     if let Some(port) = header_str(h, PORT_HEADER)? {
         let port = parse_port(port)?;
         let id = header_str(h, SANDBOX_HEADER)?.ok_or_else(|| {
@@ -251,6 +285,61 @@ mod tests {
         assert!(target(&h, None, "localhost").is_err());
         let h = headers(&[("x-mayfly-port", "80")]);
         assert!(target(&h, None, "localhost").is_err());
+        // A Host whose port is not a port.
+        let preview = format!("8000-{ID}.localhost");
+        for host in [":99999", ":abc", ":", ":80:80", ":-1"] {
+            let h = headers(&[("host", &format!("{preview}{host}"))]);
+            assert!(
+                matches!(
+                    target(&h, Some(&preview), "localhost"),
+                    Err(ParseError::Malformed(_))
+                ),
+                "{host}"
+            );
+        }
+        for host in ["", ":7792"] {
+            let h = headers(&[("host", &format!("{preview}{host}"))]);
+            assert!(target(&h, Some(&preview), "localhost").is_ok(), "{host}");
+        }
+        let h = headers(&[("host", "[::1]:80")]);
+        assert!(check_host_port(&h).is_ok());
+        let h = headers(&[("host", "[::1]x")]);
+        assert!(check_host_port(&h).is_err());
+    }
+
+    #[test]
+    fn routing_headers_given_twice_are_refused() {
+        let cases: [&[(&str, &str)]; 4] = [
+            &[
+                ("x-mayfly-port", "80"),
+                ("x-mayfly-port", "81"),
+                ("x-mayfly-sandbox", ID),
+            ],
+            &[
+                ("x-mayfly-port", "80"),
+                ("x-mayfly-sandbox", ID),
+                ("x-mayfly-sandbox", ID),
+            ],
+            &[
+                ("x-mayfly-service", "payments"),
+                ("x-mayfly-service", "orders"),
+            ],
+            &[
+                ("x-mayfly-service", "payments"),
+                ("x-mayfly-sandbox", ID),
+                ("x-mayfly-sandbox", ID),
+            ],
+        ];
+        for pairs in cases {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(http::HeaderName::from_static(k), v.parse().unwrap());
+            }
+            assert!(
+                matches!(target(&h, None, "localhost"), Err(ParseError::Malformed(_))),
+                "{pairs:?}"
+            );
+        }
     }
 
     #[test]
