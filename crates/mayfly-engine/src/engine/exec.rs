@@ -98,8 +98,8 @@ impl CommandSpec {
         if let Some(cwd) = &self.cwd {
             if !cwd.starts_with('/') || cwd.contains('\0') || cwd.len() > 4096 {
                 return Err(EngineError::Invalid(format!(
-                    "cwd `{}` must be an absolute path",
-                    cwd.escape_debug()
+                    "cwd `{}` must be an absolute path of at most 4096 bytes, without NUL",
+                    cwd.chars().take(64).collect::<String>().escape_debug()
                 )));
             }
         }

@@ -91,9 +91,15 @@ pub(crate) fn check_env(
     env: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), EngineError> {
     for (k, v) in env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(EngineError::Invalid(format!(
                 "environment variable name `{}` is invalid: it must be non-empty and contain neither `=` nor NUL",
+                k.escape_debug()
+            )));
+        }
+        if v.contains('\0') {
+            return Err(EngineError::Invalid(format!(
+                "the value of environment variable `{}` contains a NUL byte",
                 k.escape_debug()
             )));
         }
