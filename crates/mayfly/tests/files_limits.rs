@@ -132,3 +132,37 @@ async fn a_file_the_sandbox_holds_a_lease_on_is_busy_not_an_internal_error() {
     d.client.destroy(&sb.id).await.expect("destroy");
     assert_no_leaks(&d.state_dir, &[sb.id.as_str()]);
 }
+
+/// A command's collected output is charged to the same budget: past it the
+/// rest is counted, not kept (the exec still answers, truncated), and the
+/// budget comes back once the answer is built.
+#[tokio::test]
+async fn command_output_past_the_daemons_buffer_budget_is_counted_not_kept() {
+    let budget = 8 * MIB;
+    let d = Daemon::start_with(&["--file-buffer-bytes", &budget.to_string()]).await;
+    let sb = d.create().await;
+    let req = mayfly_types::ExecRequest {
+        output_limit: Some(64 << 20),
+        ..common::cmd(&["head", "-c", "20971520", "/dev/zero"])
+    };
+    let r = d.exec_req(&sb.id, &req).await;
+    assert_eq!(r.status.exit_code, Some(0));
+    assert_eq!(r.stdout_bytes, 20 * MIB as u64, "every byte is counted");
+    assert!(r.stdout_truncated, "20 MiB kept under an 8 MiB budget");
+    assert!(
+        r.stdout.0.len() <= budget,
+        "kept {} bytes past the budget",
+        r.stdout.0.len()
+    );
+    // The budget is free again: a 6 MiB read fits.
+    d.sh(&sb.id, "truncate -s 6M /tmp/big").await;
+    let whole = d.client.read_file(&sb.id, "/tmp/big").await.expect("read");
+    assert_eq!(whole.len(), 6 * MIB);
+    // Within the budget, output is kept whole.
+    let req = mayfly_types::ExecRequest {
+        output_limit: Some(64 << 20),
+        ..common::cmd(&["head", "-c", "4194304", "/dev/zero"])
+    };
+    let r = d.exec_req(&sb.id, &req).await;
+    assert_eq!((r.stdout.0.len(), r.stdout_truncated), (4 * MIB, false));
+}

@@ -132,10 +132,11 @@ impl Engine {
         };
         let work = async move {
             let _busy = busy;
-            let out = [
-                Arc::new(std::sync::Mutex::new(Collected::default())),
-                Arc::new(std::sync::Mutex::new(Collected::default())),
-            ];
+            let charged = || {
+                let charge = engine.inner.file_buffers.charge();
+                Arc::new(std::sync::Mutex::new(Collected::charged(charge)))
+            };
+            let out = [charged(), charged()];
             let opts = PumpOptions {
                 stdin,
                 timeout,

@@ -7,7 +7,9 @@
 //! what it grew by; a tar: as it grows, in 1 MiB steps),
 //! and gives them back when its answer has been sent (the reservation is
 //! the owner of the answer's [`Bytes`]); past the budget a request is
-//! refused (503, retry later), never queued behind a slow reader.
+//! refused (503, retry later), never queued behind a slow reader. The
+//! output a command collects is charged here too ([`Charge`]); past the
+//! budget it is counted, not kept.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +54,47 @@ impl FileBuffers {
 
     pub(crate) fn total(&self) -> u64 {
         self.total
+    }
+
+    /// A charge for bytes kept elsewhere (a command's collected output).
+    pub(crate) fn charge(&self) -> Charge {
+        Charge {
+            held: None,
+            held_bytes: 0,
+            budget: self.clone(),
+        }
+    }
+}
+
+/// Bytes a caller keeps in its own buffer, reserved from a [`FileBuffers`]
+/// while the charge lives.
+#[derive(Debug)]
+pub(crate) struct Charge {
+    held: Option<OwnedSemaphorePermit>,
+    held_bytes: u64,
+    budget: FileBuffers,
+}
+
+impl Charge {
+    /// Reserves enough for `bytes` in all; false (reserving nothing more)
+    /// past the budget.
+    pub(crate) fn cover(&mut self, bytes: u64) -> bool {
+        if bytes <= self.held_bytes {
+            return true;
+        }
+        let units = (bytes - self.held_bytes).div_ceil(UNIT);
+        let permit = u32::try_from(units)
+            .ok()
+            .and_then(|n| self.budget.units.clone().try_acquire_many_owned(n).ok());
+        let Some(permit) = permit else {
+            return false;
+        };
+        match &mut self.held {
+            Some(held) => held.merge(permit),
+            None => self.held = Some(permit),
+        }
+        self.held_bytes += units * UNIT;
+        true
     }
 }
 

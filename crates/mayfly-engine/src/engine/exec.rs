@@ -164,6 +164,22 @@ pub(crate) struct Collected {
     pub data: Vec<u8>,
     pub total: u64,
     pub truncated: bool,
+    /// What `data` holds, reserved from the daemon's buffer budget (an
+    /// exec's or a background process's output; hooks and probes keep a
+    /// few KiB and go unbudgeted). Past the budget, no more is kept.
+    pub charge: Option<super::buffers::Charge>,
+    /// The budget refused more: the rest is counted, not kept.
+    pub refused: bool,
+}
+
+impl Collected {
+    /// An empty stream whose kept bytes are charged to `charge`.
+    pub(crate) fn charged(charge: super::buffers::Charge) -> Self {
+        Collected {
+            charge: Some(charge),
+            ..Collected::default()
+        }
+    }
 }
 
 impl Engine {
@@ -372,7 +388,7 @@ async fn read_stream(
     loop {
         let full = {
             let c = into.lock().unwrap_or_else(|p| p.into_inner());
-            c.total >= limit
+            c.total >= limit || c.refused
         };
         if full {
             // Nothing more is kept: the rest is counted and thrown away
@@ -398,12 +414,19 @@ async fn read_stream(
             let mut c = into.lock().unwrap_or_else(|p| p.into_inner());
             let room = limit.saturating_sub(c.total) as usize;
             c.total += n as u64;
-            let keep = n.min(room);
+            let mut keep = n.min(room);
+            if matches!(sink, Sink::Buffer) {
+                let want = (c.data.len() + keep) as u64;
+                if !c.charge.as_mut().is_none_or(|ch| ch.cover(want)) {
+                    // The daemon holds its most of such buffers: the rest
+                    // of this stream is counted, not kept.
+                    keep = 0;
+                    c.refused = true;
+                }
+                c.data.extend_from_slice(&buf[..keep]);
+            }
             if keep < n {
                 c.truncated = true;
-            }
-            if matches!(sink, Sink::Buffer) {
-                c.data.extend_from_slice(&buf[..keep]);
             }
             keep
         };

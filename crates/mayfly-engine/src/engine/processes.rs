@@ -69,8 +69,12 @@ impl Engine {
         }
         let started = self.start_command(&sb, &spec, caller).await?;
         let out = [
-            Arc::new(Mutex::new(Collected::default())),
-            Arc::new(Mutex::new(Collected::default())),
+            Arc::new(Mutex::new(Collected::charged(
+                self.inner.file_buffers.charge(),
+            ))),
+            Arc::new(Mutex::new(Collected::charged(
+                self.inner.file_buffers.charge(),
+            ))),
         ];
         let (tx, rx) = watch::channel(None);
         let proc_ = Arc::new(BgProcess {

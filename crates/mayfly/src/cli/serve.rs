@@ -42,9 +42,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = mayfly_engine::DEFAULT_MAX_COMMANDS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_commands_per_sandbox: u64,
-    /// Bytes of file reads and tar downloads the daemon holds in memory at
-    /// once, over all sandboxes (each is built whole before it is sent);
-    /// past it such a request answers 503 and may be retried.
+    /// Bytes of file reads, tar downloads and collected command output the
+    /// daemon holds in memory at once, over all sandboxes; past it a file
+    /// request answers 503 (to retry) and a command's output is counted but
+    /// no longer kept (truncated).
     #[arg(long, default_value_t = mayfly_engine::DEFAULT_FILE_BUFFER_BYTES,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub file_buffer_bytes: u64,
