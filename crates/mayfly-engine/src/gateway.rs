@@ -33,6 +33,8 @@ pub enum GatewayError {
     BadToken { id: SandboxId },
     #[error("there is no route `{service}`, and the request's routing key names no sandbox that overrides it")]
     NoSuchRoute { service: String },
+    #[error("there is no route `{service}`")]
+    NoRouteToRemove { service: String },
     #[error("port {port} is the gateway's own listener inside sandbox {id}; it cannot be previewed, exposed, forwarded or used by an override")]
     ReservedPort { id: SandboxId, port: u16 },
     #[error("cannot reach port {port} of sandbox {id}: {reason}")]
@@ -48,7 +50,9 @@ impl GatewayError {
         match self {
             GatewayError::TokenRequired { .. } => ErrorCode::Unauthenticated,
             GatewayError::BadToken { .. } => ErrorCode::PermissionDenied,
-            GatewayError::NoSuchRoute { .. } => ErrorCode::NotFound,
+            GatewayError::NoSuchRoute { .. } | GatewayError::NoRouteToRemove { .. } => {
+                ErrorCode::NotFound
+            }
             GatewayError::ReservedPort { .. } => ErrorCode::InvalidArgument,
             GatewayError::SandboxUnreachable { .. } => ErrorCode::BadGateway,
         }

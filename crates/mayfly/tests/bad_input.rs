@@ -106,3 +106,38 @@ async fn a_directory_mode_past_0o7777_is_400() {
         "none\n"
     );
 }
+
+#[tokio::test]
+async fn bad_labels_are_400_and_admin_errors_name_what_was_asked() {
+    let d = Daemon::start().await;
+    for (k, v) in [
+        ("", "x"),
+        ("a\u{0}b", "x"),
+        ("a", "line\nbreak"),
+        ("a", "nul\u{0}"),
+    ] {
+        let req = mayfly_types::CreateRequest {
+            labels: [(k.to_owned(), v.to_owned())].into(),
+            ..mayfly_types::CreateRequest::default()
+        };
+        let e = d.client.create(&req).await.unwrap_err();
+        assert_eq!(
+            (status(&e), e.code()),
+            (400, Some(ErrorCode::InvalidArgument)),
+            "{k:?}={v:?}: {e}"
+        );
+    }
+    assert!(d.client.list(true).await.expect("list").is_empty());
+    // Removing a route that does not exist says just that.
+    let e = d.client.delete_route("no-such-route").await.unwrap_err();
+    assert_eq!(status(&e), 404, "{e}");
+    assert!(!e.to_string().contains("routing key"), "{e}");
+    // A pool target past the cap names the target, not a max never given.
+    let spec = mayfly_types::PoolSpec {
+        target: Some(i32::MAX as u32),
+        ..mayfly_types::PoolSpec::default()
+    };
+    let e = d.client.set_pool("too-big", &spec).await.unwrap_err();
+    assert_eq!(status(&e), 400, "{e}");
+    assert!(e.to_string().contains("target 2147483647"), "{e}");
+}

@@ -481,7 +481,7 @@ impl GatewayApi for Engine {
         check_service_name(name).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.load_routes()?;
         if !self.inner.store.delete_route(name)? {
-            return Err(GatewayError::NoSuchRoute {
+            return Err(GatewayError::NoRouteToRemove {
                 service: name.to_owned(),
             }
             .into());

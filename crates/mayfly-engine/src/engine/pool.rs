@@ -332,8 +332,12 @@ impl Engine {
                 )));
             }
             if max > cfg.slots() {
+                let what = match spec.max {
+                    Some(_) => format!("max {max}"),
+                    None => format!("target {target} (and so its max)"),
+                };
                 return Err(EngineError::Invalid(format!(
-                    "pool `{name}`: max {max} is above the daemon's cap of {} sandboxes",
+                    "pool `{name}`: {what} is above the daemon's cap of {} sandboxes",
                     cfg.slots()
                 )));
             }

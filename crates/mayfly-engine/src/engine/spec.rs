@@ -115,6 +115,15 @@ pub(crate) fn check_labels(
             "labels are limited to 64 entries, keys of 128 bytes and values of 1024 bytes".into(),
         ));
     }
+    for (k, v) in labels {
+        if k.is_empty() || k.chars().any(char::is_control) || v.chars().any(char::is_control) {
+            return Err(EngineError::Invalid(format!(
+                "label `{}` is invalid: keys must be non-empty, and neither keys nor values may \
+                 hold control characters",
+                k.chars().take(64).collect::<String>().escape_debug()
+            )));
+        }
+    }
     Ok(())
 }
 
