@@ -45,9 +45,7 @@ impl FileBuffers {
     pub(crate) fn buffer(&self) -> Buffer {
         Buffer {
             data: Vec::new(),
-            held: None,
-            held_bytes: 0,
-            budget: self.clone(),
+            charge: self.charge(),
             refused: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -102,9 +100,7 @@ impl Charge {
 #[derive(Debug)]
 pub(crate) struct Buffer {
     data: Vec<u8>,
-    held: Option<OwnedSemaphorePermit>,
-    held_bytes: u64,
-    budget: FileBuffers,
+    charge: Charge,
     refused: Arc<AtomicBool>,
 }
 
@@ -117,8 +113,11 @@ impl Buffer {
 
     /// The contents, still holding their reservation until dropped.
     pub(crate) fn into_bytes(self) -> Bytes {
-        let Buffer { data, held, .. } = self;
-        Bytes::from_owner(Held { data, _held: held })
+        let Buffer { data, charge, .. } = self;
+        Bytes::from_owner(Held {
+            data,
+            _held: charge,
+        })
     }
 
     /// Reads `r` to its end straight into the buffer (one copy, where
@@ -148,24 +147,11 @@ impl Buffer {
     }
 
     fn reserve(&mut self, more: usize) -> io::Result<()> {
-        let need = (self.data.len() + more) as u64;
-        if need <= self.held_bytes {
+        if self.charge.cover((self.data.len() + more) as u64) {
             return Ok(());
         }
-        let units = (need - self.held_bytes).div_ceil(UNIT);
-        let permit = u32::try_from(units)
-            .ok()
-            .and_then(|n| self.budget.units.clone().try_acquire_many_owned(n).ok());
-        let Some(permit) = permit else {
-            self.refused.store(true, Ordering::Relaxed);
-            return Err(io::Error::other("over the daemon's file buffer budget"));
-        };
-        match &mut self.held {
-            Some(held) => held.merge(permit),
-            None => self.held = Some(permit),
-        }
-        self.held_bytes += units * UNIT;
-        Ok(())
+        self.refused.store(true, Ordering::Relaxed);
+        Err(io::Error::other("over the daemon's file buffer budget"))
     }
 }
 
@@ -184,7 +170,7 @@ impl io::Write for Buffer {
 /// What a [`Bytes`] from [`Buffer::into_bytes`] owns.
 struct Held {
     data: Vec<u8>,
-    _held: Option<OwnedSemaphorePermit>,
+    _held: Charge,
 }
 
 impl AsRef<[u8]> for Held {

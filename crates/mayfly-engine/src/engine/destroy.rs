@@ -40,10 +40,7 @@ impl Engine {
         sb.settled().await;
         let caller = crate::api::Caller::new(format!("mayfly:{reason}"));
         if !self.hooks_then_stop(&sb, reason, &caller).await {
-            let notified = sb.destroyed.notified();
-            if !sb.done.load(Ordering::SeqCst) {
-                let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
-            }
+            sb.wait_destroyed(Duration::from_secs(30)).await;
             return self.info(&sb.id);
         }
         self.finish_destroy(sb, reason).await

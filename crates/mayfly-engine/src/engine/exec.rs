@@ -405,8 +405,7 @@ async fn read_stream(
                 Ok(n) => n,
             },
             () = listener_left(&sink), if !listener_gone => {
-                listener_gone = true;
-                let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                abandon(&sb, handle, &mut listener_gone);
                 continue;
             }
         };
@@ -439,9 +438,7 @@ async fn read_stream(
                     ExecEvent::Stdout(chunk)
                 };
                 if tx.send(ev).await.is_err() {
-                    // Nobody is listening any more: the command is abandoned.
-                    listener_gone = true;
-                    let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                    abandon(&sb, handle, &mut listener_gone);
                 }
             }
         }
@@ -466,8 +463,7 @@ async fn discard_rest(
         tokio::select! {
             r = rx.readable() => if r.is_err() { return },
             () = listener_left(sink), if !listener_gone => {
-                listener_gone = true;
-                let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                abandon(sb, handle, &mut listener_gone);
                 continue;
             }
         }
@@ -486,8 +482,7 @@ async fn discard_rest(
                 tokio::select! {
                     () = tokio::time::sleep(DISCARD_PAUSE) => {}
                     () = listener_left(sink), if !listener_gone => {
-                        listener_gone = true;
-                        let _ = sb.conn.signal(handle, libc::SIGKILL, true);
+                        abandon(sb, handle, &mut listener_gone);
                     }
                 }
             }
@@ -495,6 +490,12 @@ async fn discard_rest(
             Err(_) => return,
         }
     }
+}
+
+/// A streamed command whose listener has gone is abandoned: killed, once.
+fn abandon(sb: &Sandbox, handle: u64, listener_gone: &mut bool) {
+    *listener_gone = true;
+    let _ = sb.conn.signal(handle, libc::SIGKILL, true);
 }
 
 /// Resolves when a streamed command's listener has gone; never for a

@@ -76,10 +76,13 @@ impl Engine {
     /// ended by SIGKILL, before the spawned look of
     /// [`Engine::check_oom_after_kill`] has had a chance to run.
     pub fn oom_killed(&self, id: &mayfly_types::SandboxId) -> bool {
-        let Ok(sb) = self.lookup(id) else {
-            return false;
-        };
-        self.record_oom_kills(&sb) || sb.oom_seen.load(Ordering::SeqCst) > 0
+        self.lookup(id).is_ok_and(|sb| self.has_oom_kills(&sb))
+    }
+
+    /// Whether the OOM killer has ever killed in `sb`, recording any kill
+    /// not yet recorded.
+    fn has_oom_kills(&self, sb: &Sandbox) -> bool {
+        self.record_oom_kills(sb) || sb.oom_seen.load(Ordering::SeqCst) > 0
     }
 
     /// The reason a detached destroy records: `oom` instead of the
@@ -88,7 +91,7 @@ impl Engine {
     /// own look, [`Engine::init_died`], may not have reached yet).
     pub(crate) fn reason_at_stop<'a>(&self, sb: &Sandbox, reason: &'a str) -> &'a str {
         let init_dead = mayfly_sys::process::wait_pidfd(sb.pidfd.get_ref().as_fd(), Duration::ZERO);
-        if init_dead && (self.record_oom_kills(sb) || sb.oom_seen.load(Ordering::SeqCst) > 0) {
+        if init_dead && self.has_oom_kills(sb) {
             "oom"
         } else {
             reason

@@ -168,10 +168,7 @@ impl Engine {
             // `owner_died`); that destroy is waited for, so that a run
             // never exits in the middle of it.
             reaper.dismiss();
-            let notified = sb.destroyed.notified();
-            if !sb.done.load(Ordering::SeqCst) {
-                let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
-            }
+            sb.wait_destroyed(Duration::from_secs(30)).await;
             self.wait_cleanup().await;
             return Ok(done(None));
         }

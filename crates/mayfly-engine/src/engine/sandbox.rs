@@ -188,6 +188,15 @@ impl Sandbox {
         !self.destroying.swap(true, Ordering::SeqCst)
     }
 
+    /// Waits (at most `limit`) for the destroy another caller is running
+    /// to finish.
+    pub async fn wait_destroyed(&self, limit: std::time::Duration) {
+        let notified = self.destroyed.notified();
+        if !self.done.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout(limit, notified).await;
+        }
+    }
+
     /// Marks the sandbox stopping; true for the one caller that gets to stop it.
     pub fn begin_stop(&self) -> bool {
         !self.stopping.swap(true, Ordering::SeqCst)
